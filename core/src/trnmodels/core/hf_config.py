@@ -1,0 +1,60 @@
+"""Read a checkpoint's ``config.json`` into a transformers config, with errors that name the problem.
+
+transformers accepts almost anything and fills defaults silently; a port must not. A model says which
+fields it needs, and a missing one fails here instead of deep inside a forward.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+from .errors import ConfigError
+
+CONFIG_NAME = "config.json"
+
+
+def read_config_dict(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """Parse ``config.json`` strictly: a missing file or malformed JSON names the file and position."""
+    path = Path(checkpoint_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"{path}: no {CONFIG_NAME} in checkpoint directory {checkpoint_dir}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_hf_config(checkpoint_dir: str | Path, required: Iterable[str] = ()) -> PretrainedConfig:
+    """Load the transformers config of a local checkpoint, checking that ``required`` fields are present.
+
+    ``required`` names fields that must be written in ``config.json`` itself, not defaulted.
+    """
+    raw = read_config_dict(checkpoint_dir)
+    path = Path(checkpoint_dir) / CONFIG_NAME
+    missing = [f for f in required if f not in raw]
+    if missing:
+        raise ConfigError(f"{path}: missing required field(s): {', '.join(missing)}")
+    if "model_type" not in raw:
+        raise ConfigError(f"{path}: missing required field 'model_type'")
+    try:
+        return AutoConfig.from_pretrained(str(checkpoint_dir), local_files_only=True)
+    except Exception as e:  # transformers 5 raises huggingface_hub validation errors, not ValueError
+        raise ConfigError(f"{path}: transformers cannot build a config from it: {e}") from None
+
+
+def architecture_of(config: PretrainedConfig, path: str | Path = CONFIG_NAME) -> str:
+    """The single architecture a checkpoint declares (``architectures[0]``)."""
+    archs = getattr(config, "architectures", None)
+    if not archs:
+        raise ConfigError(f"{path}: missing required field 'architectures'")
+    return archs[0]

@@ -1,0 +1,28 @@
+"""Functional ops. Each has a PyTorch reference and dispatches to an NKI kernel where one can run."""
+
+from .attention import attention, decode_attention, gather_paged, prefill_attention, scaled_dot_product
+from .dispatch import current_backend, kernel_op, register_nki, select_backend, use_backend
+from .mlp import clamped_swiglu, gated_mlp
+from .norm import layer_norm, rms_norm
+from .rope import RopeConfig, apply_rope, cos_sin, inv_freq
+
+__all__ = [
+    "RopeConfig",
+    "apply_rope",
+    "attention",
+    "clamped_swiglu",
+    "cos_sin",
+    "current_backend",
+    "decode_attention",
+    "gated_mlp",
+    "gather_paged",
+    "inv_freq",
+    "kernel_op",
+    "layer_norm",
+    "prefill_attention",
+    "register_nki",
+    "rms_norm",
+    "scaled_dot_product",
+    "select_backend",
+    "use_backend",
+]

@@ -1,0 +1,121 @@
+"""Kernel dispatch: every functional op has a PyTorch reference, and an NKI kernel where one can run.
+
+The rule: the NKI implementation is used only when the Neuron SDK imports, a kernel is bound for the op,
+the op's first tensor lives on a Neuron device, and the op's own shape predicate accepts the call.
+The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
+forcing ``nki`` where it cannot run raises instead of silently falling back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+
+from .. import neuron
+from ..errors import BackendUnavailableError, ConfigError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+BACKENDS = ("auto", "torch", "nki")
+ENV_VAR = "TRNMODELS_KERNEL_BACKEND"
+
+_forced: str | None = None
+_nki_impls: dict[str, Callable[..., Any]] = {}
+_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+def current_backend() -> str:
+    mode = _forced or os.environ.get(ENV_VAR, "auto")
+    if mode not in BACKENDS:
+        raise ConfigError(f"{ENV_VAR}: expected one of {BACKENDS}, got {mode!r}")
+    return mode
+
+
+@contextlib.contextmanager
+def use_backend(mode: str) -> Iterator[None]:
+    """Force a kernel backend for the duration of the block."""
+    global _forced
+    if mode not in BACKENDS:
+        raise ConfigError(f"kernel backend: expected one of {BACKENDS}, got {mode!r}")
+    previous, _forced = _forced, mode
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def register_nki(op: str, impl: Callable[..., Any]) -> None:
+    """Bind an NKI implementation to an op (done by the Neuron layer, or a plugin for its own kernels)."""
+    if op not in _REFERENCES:
+        raise ConfigError(f"register_nki: unknown op {op!r}; known ops: {sorted(_REFERENCES)}")
+    _nki_impls[op] = impl
+
+
+def _nki_impl(op: str) -> Callable[..., Any] | None:
+    if op in _nki_impls:
+        return _nki_impls[op]
+    if not neuron.sdk_available():
+        return None
+    from ..neuron import kernels
+
+    if op not in kernels.NKILIB_BINDINGS:
+        return None
+    _nki_impls[op] = kernels.resolve(op)
+    return _nki_impls[op]
+
+
+def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
+    """Which backend runs this call of ``op``: ``"torch"`` or ``"nki"``."""
+    mode = current_backend()
+    if mode == "torch":
+        return "torch"
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    on_device = neuron.is_neuron_tensor(first)
+    if mode == "nki":
+        if not neuron.sdk_available():
+            raise BackendUnavailableError(
+                f"{op}: backend 'nki' forced, but the Neuron SDK does not import here"
+            )
+        if _nki_impl(op) is None:
+            raise BackendUnavailableError(
+                f"{op}: backend 'nki' forced, but no NKI kernel is bound for this op"
+            )
+        if not on_device:
+            device = first.device if first is not None else None
+            raise BackendUnavailableError(
+                f"{op}: backend 'nki' forced, but the input is on {device}, not Neuron"
+            )
+        return "nki"
+    if on_device and _nki_impl(op) is not None and (supports is None or supports(*args, **kwargs)):
+        return "nki"
+    return "torch"
+
+
+def kernel_op(
+    name: str, supports: Callable[..., bool] | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Make a PyTorch reference function the public op ``name``, dispatching to NKI where it can run."""
+
+    def wrap(reference: Callable[P, R]) -> Callable[P, R]:
+        _REFERENCES[name] = reference
+
+        @functools.wraps(reference)
+        def op(*args: P.args, **kwargs: P.kwargs) -> R:
+            if select_backend(name, *args, supports=supports, **kwargs) == "nki":
+                return _nki_impls[name](*args, **kwargs)
+            return reference(*args, **kwargs)
+
+        op.reference = reference  # type: ignore[attr-defined]
+        return op
+
+    return wrap
+
+
+def registered_ops() -> list[str]:
+    return sorted(_REFERENCES)

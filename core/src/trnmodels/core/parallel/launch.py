@@ -1,0 +1,64 @@
+"""Run a function on N local ranks over gloo (the CPU stand-in for a Trainium instance's cores).
+
+``run_on_ranks(fn, world_size, *args)`` spawns the ranks, initialises torch.distributed on loopback and
+the parallel state, and returns rank 0's result. A failing rank's traceback is raised in the caller.
+World size 1 runs in-process with no process group.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .state import destroy_parallel_state, init_parallel_state
+
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(
+    rank: int, world_size: int, port: int, result_path: str, fn: Callable[..., Any], args: tuple
+) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # Ranks share the host's cores; more threads than that per rank only contend.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        init_parallel_state(world_size)
+        result = fn(rank, world_size, *args)
+        if rank == 0:
+            torch.save(result, result_path)
+    finally:
+        destroy_parallel_state()
+        dist.destroy_process_group()
+
+
+def run_on_ranks(fn: Callable[..., T], world_size: int, *args: Any) -> T:
+    """Call ``fn(rank, world_size, *args)`` on every rank; ``fn`` must be importable (module level)."""
+    if world_size == 1:
+        init_parallel_state(1)
+        return fn(0, 1, *args)
+    with tempfile.TemporaryDirectory(prefix="trnmodels-ranks-") as tmp:
+        result_path = str(Path(tmp) / "rank0.pt")
+        mp.start_processes(
+            _rank_main,
+            args=(world_size, _free_port(), result_path, fn, args),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
+        return torch.load(result_path, weights_only=False)

@@ -1,0 +1,64 @@
+"""Plugin discovery. Each model distribution announces itself in the ``trnmodels.models`` entry-point group.
+
+A plugin's entry point resolves to a ``ModelPlugin``: a name, the HF architectures it serves, and the
+``"module:function"`` of its factory. Nothing here imports torch or the model code, so listing plugins
+is cheap; the factory is imported only when a model is built. Adding a model is adding a folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from .errors import ConfigError
+
+ENTRY_POINT_GROUP = "trnmodels.models"
+
+
+@dataclass(frozen=True)
+class ModelPlugin:
+    name: str
+    architectures: tuple[str, ...]
+    factory: str
+    distribution: str = ""
+    # Fields config.json must state itself: transformers would otherwise default them silently.
+    required_config_fields: tuple[str, ...] = ()
+
+    def load_factory(self) -> Callable[..., Any]:
+        module, _, attr = self.factory.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @property
+    def version(self) -> str:
+        try:
+            return metadata.version(self.distribution) if self.distribution else "unknown"
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+
+def discover_plugins() -> dict[str, ModelPlugin]:
+    """Installed plugins by name, in name order."""
+    found: dict[str, ModelPlugin] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        plugin = ep.load()
+        if not isinstance(plugin, ModelPlugin):
+            raise ConfigError(
+                f"entry point {ep.name} = {ep.value}: expected a ModelPlugin, got {type(plugin).__name__}"
+            )
+        found[plugin.name] = plugin
+    return dict(sorted(found.items()))
+
+
+def plugin_for_architecture(architecture: str) -> ModelPlugin:
+    plugins = discover_plugins()
+    for plugin in plugins.values():
+        if architecture in plugin.architectures:
+            return plugin
+    served = {a: p.name for p in plugins.values() for a in p.architectures}
+    raise ConfigError(
+        f"architecture {architecture!r} is served by no installed trnmodels plugin; "
+        f"installed: {served or 'none'} (pip install the plugin for this model)"
+    )

@@ -1,0 +1,1 @@
+"""Drivers that run a model step by step over the paged KV cache."""

@@ -1,0 +1,129 @@
+"""Teacher-forced scoring: the logits at every position of a token sequence, through prefill then decode.
+
+The first ``prefill_len`` tokens run as one prefill; each later token runs as its own decode step
+against the paged cache, exactly as serving would. This is what ``trnmodels logits`` and the model-level
+accuracy tests run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..attention import AttentionMetadata
+from ..causal_lm import CausalLM
+from ..errors import InputError
+from ..kv_cache import allocate_kv_cache, read_sequence_kv, slot_mapping
+from ..parallel.launch import run_on_ranks
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
+    if not token_ids:
+        raise InputError("token ids: need at least one id")
+    for i, t in enumerate(token_ids):
+        if not 0 <= t < vocab_size:
+            raise InputError(f"token ids: id {t} at position {i} is out of range for vocab size {vocab_size}")
+
+
+@torch.no_grad()
+def teacher_forced_logits(
+    model: CausalLM,
+    token_ids: Sequence[int],
+    prefill_len: int | None = None,
+    *,
+    rank: int = 0,
+    return_kv: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Float32 logits ``[T, vocab]``: position i holds the prediction after ``token_ids[: i + 1]``.
+
+    With ``return_kv`` also this rank's cached K/V per layer, ``[kv_heads, T, head_dim]`` each.
+    """
+    check_token_ids(token_ids, model.vocab_size)
+    total = len(token_ids)
+    prefill_len = total if prefill_len is None else prefill_len
+    if not 1 <= prefill_len <= total:
+        raise InputError(f"prefill length: expected 1..{total} (the number of token ids), got {prefill_len}")
+    spec = model.get_kv_spec()
+    num_seq_blocks = math.ceil(total / spec.block_size)
+    # Block 0 is the null block; this sequence owns blocks 1..n.
+    caches = allocate_kv_cache(spec, num_seq_blocks + 1)
+    model.bind_kv_cache(caches)
+    block_table = torch.arange(1, num_seq_blocks + 1)
+    ids = torch.tensor(list(token_ids), dtype=torch.int64)
+    positions = torch.arange(total)
+    rank_t = torch.tensor(rank, dtype=torch.int64)
+
+    prefill = AttentionMetadata(
+        slot_mapping=slot_mapping(block_table, positions[:prefill_len], spec.block_size),
+        seq_ids=torch.zeros(prefill_len, dtype=torch.int64),
+    )
+    hidden = model.forward(ids[:prefill_len], positions[:prefill_len], prefill, rank_t)
+    logits = [model.compute_logits(hidden)]
+    for p in range(prefill_len, total):
+        step = AttentionMetadata(
+            slot_mapping=slot_mapping(block_table, positions[p : p + 1], spec.block_size),
+            block_tables=block_table[None],
+            context_lens=torch.tensor([p + 1]),
+        )
+        hidden = model.forward(ids[p : p + 1], positions[p : p + 1], step, rank_t)
+        logits.append(model.compute_logits(hidden))
+    logits = torch.cat(logits).float()
+    if not return_kv:
+        return logits
+    kv = {
+        name: (
+            read_sequence_kv(k, block_table, total).float(),
+            read_sequence_kv(v, block_table, total).float(),
+        )
+        for name, (k, v) in caches.items()
+    }
+    return logits, kv
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    """One checkpoint and token sequence to score (see ``teacher_forced_logits``)."""
+
+    checkpoint_dir: str
+    token_ids: tuple[int, ...]
+    prefill_len: int | None = None
+    dtype: str = "float32"
+    return_kv: bool = False
+
+
+def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
+    from ..causal_lm import build_model
+    from ..runtime_config import NeuronConfig
+
+    results = []
+    for job in jobs:
+        model = build_model(
+            job.checkpoint_dir, NeuronConfig(tp_degree=world_size, dtype=job.dtype), progress=rank == 0
+        )
+        results.append(
+            teacher_forced_logits(model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv)
+        )
+    return results
+
+
+def score_many(jobs: Sequence[ScoreJob], tp: int = 1) -> list:
+    """Score several jobs in one launch of ``tp`` local ranks (spawning ranks costs seconds)."""
+    return run_on_ranks(_score_on_rank, tp, list(jobs))
+
+
+def score_checkpoint(
+    checkpoint_dir: str | Path,
+    token_ids: Sequence[int],
+    prefill_len: int | None = None,
+    *,
+    tp: int = 1,
+    dtype: str = "float32",
+    return_kv: bool = False,
+):
+    """Build the checkpoint's model on ``tp`` local ranks and score ``token_ids`` (rank 0's result)."""
+    job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv)
+    return score_many([job], tp)[0]

@@ -1,0 +1,63 @@
+"""Build tiny random checkpoints the way a published one looks: ``save_pretrained`` plus a tokenizer.
+
+The tokenizer is a byte-level BPE trained here on a few strings, so any text encodes, and it ships a
+chat template so serving tests can use the chat endpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+SAMPLE_TEXTS = [
+    "Hello, my name is Trainium and I serve models.",
+    "The quick brown fox jumps over the lazy dog.",
+    "vLLM schedules requests; the model computes logits for each token.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Tensor parallelism splits attention heads across NeuronCores.",
+    "Once upon a time, a small model learned to count: one, two, three.",
+]
+
+BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+
+# Llama-3-style turns, trimmed to what a tiny model needs.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with BOS/EOS/PAD and a chat template; ids < ``vocab_size``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, PAD, "<|user|>", "<|assistant|>", "<|system|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts or SAMPLE_TEXTS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE
+    )
+
+
+def save_checkpoint(
+    model: PreTrainedModel,
+    out_dir: str | Path,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    max_shard_size: str | int | None = None,
+) -> Path:
+    """``save_pretrained`` the model (sharded when ``max_shard_size`` is given) and the tokenizer."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+    model.save_pretrained(out, **kwargs)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,85 @@
+"""Load a module's parameters from a checkpoint through an explicit parameter → key(s) mapping.
+
+Strict: every parameter must be mapped, every mapped key must exist, and every checkpoint key must be
+used or explicitly ignored. All problems are collected and reported together, before any weight is read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import CheckpointError
+from .checkpoint import Checkpoint, CheckpointTensor, _first
+from .loaders import get_weight_loader
+
+KeyMap = Mapping[str, str | list[str]]
+
+
+def _as_list(keys: str | list[str]) -> list[str]:
+    return [keys] if isinstance(keys, str) else list(keys)
+
+
+def check_key_coverage(
+    checkpoint: Checkpoint, parameter_names: Iterable[str], mapping: KeyMap, ignore: Iterable[str] = ()
+) -> None:
+    """Raise one error listing unmapped parameters, missing keys and unexpected keys."""
+    names = set(parameter_names)
+    unmapped = sorted(names - set(mapping))
+    stale = sorted(set(mapping) - names)
+    if unmapped or stale:
+        raise CheckpointError(
+            "key mapping does not match the model's parameters: "
+            + "; ".join(
+                s
+                for s in (
+                    unmapped and f"parameters with no checkpoint key: {_first(unmapped)}",
+                    stale and f"mapped names that are not parameters: {_first(stale)}",
+                )
+                if s
+            )
+        )
+    wanted = {k for keys in mapping.values() for k in _as_list(keys)}
+    present = set(checkpoint.keys())
+    missing = sorted(wanted - present)
+    unexpected = sorted(k for k in present - wanted if not any(fnmatch.fnmatchcase(k, p) for p in ignore))
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_first(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_first(unexpected)}")
+    if problems:
+        raise CheckpointError(f"checkpoint {checkpoint.name} does not fit the model: " + "; ".join(problems))
+
+
+def load_parameters(
+    module: torch.nn.Module,
+    checkpoint: Checkpoint,
+    mapping: KeyMap,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    ignore: Iterable[str] = (),
+    progress: bool = True,
+) -> None:
+    """Fill every parameter of ``module`` with its rank-local slice, converting to the parameter's dtype.
+
+    ``ignore`` holds glob patterns of checkpoint keys the model deliberately does not use.
+    """
+    params = dict(module.named_parameters())
+    check_key_coverage(checkpoint, params, mapping, ignore)
+    bar = tqdm(params.items(), desc="loading weights", unit="param", disable=not progress, leave=False)
+    with torch.no_grad():
+        for name, param in bar:
+            tensors: list[CheckpointTensor] = [checkpoint.tensor(k) for k in _as_list(mapping[name])]
+            value = get_weight_loader(param)(tensors, rank, world_size)
+            if tuple(value.shape) != tuple(param.shape):
+                sources = ", ".join(t.describe() for t in tensors)
+                raise CheckpointError(
+                    f"{sources}: parameter {name} expects shape {list(param.shape)} on rank {rank} of "
+                    f"{world_size}, the checkpoint gives {list(value.shape)}"
+                )
+            param.copy_(value.to(param.dtype))

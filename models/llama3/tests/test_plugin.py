@@ -1,0 +1,45 @@
+"""Registration: the plugin is found through its entry point, and core resolves the architecture to it."""
+
+from __future__ import annotations
+
+import json
+
+from trnmodels.core.plugins import discover_plugins, plugin_for_architecture
+
+from .conftest import run_cli
+
+
+def test_entry_point_announces_llama3():
+    plugin = discover_plugins()["llama3"]
+    assert plugin.architectures == ("LlamaForCausalLM",)
+    assert plugin.version == "0.1.0"
+    assert (
+        plugin_for_architecture("LlamaForCausalLM") is plugin
+        or plugin_for_architecture("LlamaForCausalLM") == plugin
+    )
+
+
+def test_factory_builds_the_model_class(make_checkpoint):
+    from trnmodels.core.causal_lm import CausalLM, build_model
+    from trnmodels.core.runtime_config import NeuronConfig
+    from trnmodels.llama3.model import LlamaForCausalLM
+
+    ckpt, _ = make_checkpoint()
+    model = build_model(ckpt, NeuronConfig(), load=False)
+    assert isinstance(model, LlamaForCausalLM) and isinstance(model, CausalLM)
+    spec = model.get_kv_spec()
+    assert [layer.name for layer in spec.layers] == ["layers.0.self_attn", "layers.1.self_attn"]
+    assert {(layer.num_kv_heads, layer.head_dim) for layer in spec.layers} == {(2, 12)}
+
+
+def test_info_lists_llama3():
+    done = run_cli("info", "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert {
+        "name": "llama3",
+        "version": "0.1.0",
+        "distribution": "trnmodels-llama3",
+        "architectures": ["LlamaForCausalLM"],
+    } in info["plugins"]
+    assert info["neuron_sdk"] is False
