@@ -10,6 +10,9 @@ Sessions:
     tests-<model>    pytest models/<model>/tests
     build-core       wheel + sdist of trnmodels-core into dist/
     build-<model>    wheel + sdist of that model's distribution into dist/
+    compile-<model>  AOT-compile every bucket graph of the plugin's tiny config (or `-- PATH`)
+    bench-<model>    benchmark the plugin's bench config into docs/benchmarks/<model>.md/.json/.png
+                     (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run)
     lint             ruff check . && ruff format --check .
     demo             python -m trnmodels.llama3.demo (extra args passed through)
 
@@ -18,6 +21,7 @@ is then a quick no-op) or ``nox -R`` to skip the sync entirely.
 """
 
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 import nox
@@ -37,15 +41,14 @@ def _distribution(member: Path) -> str:
         return tomllib.load(f)["project"]["name"]
 
 
-def _sync(session: nox.Session) -> None:
-    """Install the whole workspace plus the dev group from the lock into the session venv."""
+def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
+    """Install the whole workspace plus the given dependency groups from the lock into the session venv."""
     session.run_install(
         "uv",
         "sync",
         "--locked",
         "--all-packages",
-        "--group",
-        "dev",
+        *(arg for group in groups for arg in ("--group", group)),
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )
 
@@ -67,6 +70,26 @@ def _make_member_sessions(name: str, member: Path) -> None:
     @nox.session(name=f"tests-{name}")
     def member_tests(session: nox.Session) -> None:
         _pytest(session, member / "tests")
+
+    if name != "core":
+
+        @nox.session(name=f"compile-{name}")
+        def member_compile(session: nox.Session) -> None:
+            """With no argument, compile the plugin's bundled tiny config; else `-- PATH [trnmodels compile flags]`."""
+            _sync(session)
+            target = session.posargs or [str(ROOT / member / "src" / "trnmodels" / name / "tiny")]
+            session.run("trnmodels", "compile", *target, "--jobs", "2")
+
+        @nox.session(name=f"bench-{name}")
+        def member_bench(session: nox.Session) -> None:
+            _sync(session, groups=("dev", "bench"))
+            session.run(
+                "python", "-m", "trnmodels.core.bench", name, "--out-dir", "docs/benchmarks", *session.posargs
+            )
+
+        member_bench.__doc__ = (
+            f"Benchmark {name} on its ~100M-parameter bench config into docs/benchmarks/{name}.md/.json/.png."
+        )
 
     @nox.session(name=f"build-{name}", python=False)
     def member_build(session: nox.Session) -> None:

@@ -1,6 +1,9 @@
 """The ``trnmodels`` command line.
 
 - ``trnmodels logits CHECKPOINT_DIR --token-ids 1,2,3 [--prefill-len K] [--tp N] [--dtype D] --out F``
+- ``trnmodels generate CHECKPOINT_DIR --prompt TEXT [--prompt TEXT ...] --max-new-tokens N [--tp N]
+  [--dtype D] [--temperature T --top-k K --top-p P --seed S] [--eager]``
+- ``trnmodels compile CHECKPOINT_DIR [--tp N] [--cache-dir D] [--jobs J]``
 - ``trnmodels info``
 
 Every command takes ``--json``. Errors a user can cause print one line naming the problem and exit 2.
@@ -62,6 +65,66 @@ def cmd_logits(args: argparse.Namespace) -> dict:
     }
 
 
+def _runner_config(args: argparse.Namespace):
+    from .runner.generate import runner_config_for
+
+    return runner_config_for(
+        args.checkpoint_dir,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> dict:
+    from .runner.config import SamplingParams
+    from .runner.generate import generate_texts
+
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    outputs, stats = generate_texts(
+        args.checkpoint_dir,
+        args.prompt,
+        params,
+        runner=_runner_config(args),
+        tp=args.tp,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        eager=args.eager,
+    )
+    return {"outputs": outputs, "compiled_graphs": stats["compiled_graphs"]}
+
+
+def cmd_compile(args: argparse.Namespace) -> dict:
+    from tqdm.auto import tqdm
+
+    from .compile import CompileTarget, compile_all
+    from .runner.graphs import all_graph_specs
+
+    target = CompileTarget(str(args.checkpoint_dir), _runner_config(args), tp=args.tp, dtype=args.dtype)
+    specs = all_graph_specs(target.runner)
+    with tqdm(total=len(specs), desc="compiling graphs", unit="graph", disable=None) as bar:
+
+        def done(result) -> None:
+            bar.set_postfix_str(f"{result.name} {result.cache}")
+            bar.update()
+
+        results = compile_all(target, args.cache_dir, jobs=args.jobs, specs=specs, on_result=done)
+    return {
+        "graphs": [
+            {"name": r.name, "bucket": r.bucket, "seconds": round(r.seconds, 3), "cache": r.cache}
+            for r in results
+        ],
+        "cache_dir": str(Path(results[0].path).parents[1]) if results else args.cache_dir,
+    }
+
+
 def cmd_info(args: argparse.Namespace) -> dict:
     from . import __version__, neuron
     from .plugins import discover_plugins
@@ -91,11 +154,36 @@ def _print_human(command: str, result: dict) -> None:
             print("no model plugins installed")
         for p in result["plugins"]:
             print(f"  {p['name']:<12} {p['version']:<10} {', '.join(p['architectures'])}")
+    elif command == "generate":
+        for out in result["outputs"]:
+            print(
+                f"{out['prompt']!r} -> {out['text']!r}  ({len(out['token_ids'])} tokens, {out['finish_reason']})"
+            )
+    elif command == "compile":
+        for g in result["graphs"]:
+            print(f"  {g['name']:<20} {g['cache']:<5} {g['seconds']:8.2f} s")
+        hits = sum(g["cache"] == "hit" for g in result["graphs"])
+        print(f"{len(result['graphs'])} graphs, {hits} cache hits, cache at {result['cache_dir']}")
     elif command == "logits":
         print(
             f"wrote logits {result['shape']} to {result['out']} "
             f"(prefill {result['prefill_len']}, decode steps {result['decode_steps']}, tp {result['tp']}, {result['dtype']})"
         )
+
+
+def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that shape the graphs: generate and compile must agree on them to share artifacts."""
+    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (local gloo ranks)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--max-num-seqs", type=_positive, default=8)
+    parser.add_argument(
+        "--max-model-len", type=_positive, default=None, help="default: the model's, capped at 512"
+    )
+    parser.add_argument("--block-size", type=_positive, default=32)
+    parser.add_argument(
+        "--cache-dir", default=None, help="compiled artifacts (default: $TRNMODELS_CACHE_DIR or ~/.cache)"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +203,27 @@ def build_parser() -> argparse.ArgumentParser:
     logits.add_argument("--out", required=True, help="output .safetensors file (tensor 'logits', [T, vocab])")
     logits.add_argument("--json", action="store_true", help="machine-readable output")
     logits.set_defaults(run=cmd_logits)
+
+    generate = sub.add_parser(
+        "generate", help="generate text through the runner (compiled graphs when cached)"
+    )
+    generate.add_argument("checkpoint_dir", type=Path)
+    generate.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
+    generate.add_argument("--max-new-tokens", type=_positive, required=True)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generate.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
+    generate.add_argument("--eager", action="store_true", help="skip compiled artifacts")
+    _add_runtime_flags(generate)
+    generate.set_defaults(run=cmd_generate)
+
+    compile_ = sub.add_parser("compile", help="compile every bucket graph ahead of time into the cache")
+    compile_.add_argument("checkpoint_dir", type=Path, help="a checkpoint (only config.json is read)")
+    compile_.add_argument("--jobs", type=_positive, default=1, help="graphs compiled in parallel processes")
+    _add_runtime_flags(compile_)
+    compile_.set_defaults(run=cmd_compile)
 
     info = sub.add_parser("info", help="installed plugins, their versions and architectures")
     info.add_argument("--json", action="store_true", help="machine-readable output")

@@ -8,9 +8,11 @@ is cheap; the factory is imported only when a model is built. Adding a model is 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -26,6 +28,24 @@ class ModelPlugin:
     distribution: str = ""
     # Fields config.json must state itself: transformers would otherwise default them silently.
     required_config_fields: tuple[str, ...] = ()
+
+    @property
+    def package(self) -> str:
+        """The plugin's import package, e.g. ``trnmodels.llama3``."""
+        return self.factory.partition(":")[0].rpartition(".")[0]
+
+    def bundled_config_dir(self, name: str) -> Path:
+        """A config shipped inside the plugin package: ``tiny`` (tests, demo, default compile) or ``bench``
+        (the about-100M-parameter benchmark config). The directory holds a ``config.json``."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"plugin {self.name}: package {self.package} is not importable")
+        path = Path(next(iter(spec.submodule_search_locations))) / name
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"plugin {self.name} bundles no {name!r} config (looked for {path / 'config.json'})"
+            )
+        return path
 
     def load_factory(self) -> Callable[..., Any]:
         module, _, attr = self.factory.partition(":")

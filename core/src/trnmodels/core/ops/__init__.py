@@ -5,6 +5,7 @@ from .dispatch import current_backend, kernel_op, register_nki, select_backend, 
 from .mlp import clamped_swiglu, gated_mlp
 from .norm import layer_norm, rms_norm
 from .rope import RopeConfig, apply_rope, cos_sin, inv_freq
+from .sampling import gumbel_noise, sample
 
 __all__ = [
     "RopeConfig",
@@ -16,12 +17,14 @@ __all__ = [
     "decode_attention",
     "gated_mlp",
     "gather_paged",
+    "gumbel_noise",
     "inv_freq",
     "kernel_op",
     "layer_norm",
     "prefill_attention",
     "register_nki",
     "rms_norm",
+    "sample",
     "scaled_dot_product",
     "select_backend",
     "use_backend",

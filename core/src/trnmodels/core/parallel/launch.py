@@ -42,6 +42,8 @@ def _rank_main(
         result = fn(rank, world_size, *args)
         if rank == 0:
             torch.save(result, result_path)
+        # Tear down together: a rank that exits while a peer still talks to it aborts the peer.
+        dist.barrier()
     finally:
         destroy_parallel_state()
         dist.destroy_process_group()

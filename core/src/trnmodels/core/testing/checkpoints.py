@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 SAMPLE_TEXTS = [
@@ -31,7 +31,8 @@ CHAT_TEMPLATE = (
 
 
 def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer with BOS/EOS/PAD and a chat template; ids < ``vocab_size``."""
+    """A byte-level BPE tokenizer (BOS prepended on encode) with BOS/EOS/PAD and a chat template;
+    ids < ``vocab_size``; BOS, EOS and PAD are ids 0, 1 and 2."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -42,6 +43,10 @@ def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 320) -> Pr
         show_progress=False,
     )
     tok.train_from_iterator(texts or SAMPLE_TEXTS, trainer)
+    # Like Llama 3's tokenizer: encoding prepends BOS.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE
     )

@@ -1,7 +1,7 @@
 """Lazy access to checkpoint tensors: a single ``model.safetensors`` or a sharded index.
 
-Nothing is read when a checkpoint is opened; a loader asks for the slice its rank owns and only those
-bytes are read. Damaged files, a broken index and missing shards fail with the file named.
+Nothing but the headers is read when a checkpoint is opened; a loader asks for the slice its rank owns
+and only those bytes are read (positioned reads, see ``safetensors_file``). Damaged files, a broken index and missing shards fail with the file named.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors import safe_open
 
 from ..errors import CheckpointError
+from .safetensors_file import SafetensorsFile
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -88,6 +88,7 @@ class SafetensorsCheckpoint:
     def __init__(self, checkpoint_dir: str | Path):
         self.dir = Path(checkpoint_dir)
         self.name = str(self.dir)
+        self._handles: dict[str, SafetensorsFile] = {}
         index = self.dir / INDEX_FILE
         single = self.dir / SINGLE_FILE
         if index.is_file():
@@ -96,7 +97,6 @@ class SafetensorsCheckpoint:
             self._key_to_file = {k: SINGLE_FILE for k in self._open(SINGLE_FILE).keys()}
         else:
             raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
-        self._handles: dict[str, Any] = {}
 
     def _read_index(self, index: Path) -> dict[str, str]:
         try:
@@ -117,17 +117,22 @@ class SafetensorsCheckpoint:
                 raise CheckpointError(f"{self.dir / file}: index lists keys the file lacks: {_first(absent)}")
         return dict(weight_map)
 
-    def _open(self, file: str) -> Any:
-        handles = self.__dict__.setdefault("_handles", {})
-        if file not in handles:
-            path = self.dir / file
-            try:
-                handles[file] = safe_open(str(path), framework="pt")
-            except Exception as e:
-                raise CheckpointError(
-                    f"{path}: not a readable safetensors file (truncated or damaged?): {e}"
-                ) from None
-        return handles[file]
+    def _open(self, file: str) -> SafetensorsFile:
+        if file not in self._handles:
+            self._handles[file] = SafetensorsFile(self.dir / file)
+        return self._handles[file]
+
+    def close(self) -> None:
+        """Close the shard files (also done by ``with``)."""
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+
+    def __enter__(self) -> SafetensorsCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def keys(self) -> Iterable[str]:
         return self._key_to_file.keys()

@@ -157,12 +157,13 @@ class LlamaForCausalLM(nn.Module):
         return keys
 
     def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None:
-        load_parameters(
-            self,
-            SafetensorsCheckpoint(checkpoint_dir),
-            self.checkpoint_keys(),
-            rank=self.tp.rank,
-            world_size=self.tp.world_size,
-            ignore=self.IGNORED_CHECKPOINT_KEYS,
-            progress=progress,
-        )
+        with SafetensorsCheckpoint(checkpoint_dir) as checkpoint:
+            load_parameters(
+                self,
+                checkpoint,
+                self.checkpoint_keys(),
+                rank=self.tp.rank,
+                world_size=self.tp.world_size,
+                ignore=self.IGNORED_CHECKPOINT_KEYS,
+                progress=progress,
+            )

@@ -1,0 +1,408 @@
+"""The benchmark's measurements. Each returns JSON-ready numbers (seconds, bytes, tokens/s).
+
+Peak RSS is read from ``/proc/self/status`` (Linux): ``VmHWM`` is reset through ``/proc/self/clear_refs``
+just before the measured block, so it is the exact peak of that block; a sampling thread adds the split
+into anonymous and file-backed (memory-mapped) pages. Weight loads run in a fresh child process each
+(``run_load_child``), so one measurement's memory never shows up in another's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from ..errors import ConfigError
+from ..runner.config import RunnerConfig
+
+# Sized so every bucket is used and nothing else is compiled: prefill of up to 256 flat tokens, decode
+# at batch 1 and 8 with contexts up to 256.
+BENCH_RUNNER = RunnerConfig(
+    max_num_seqs=8,
+    max_model_len=256,
+    block_size=32,
+    num_batched_tokens_buckets=(256,),
+    num_seqs_buckets=(1, 8),
+    context_len_buckets=(256,),
+)
+
+Generate = Callable[[list[list[int]], int], object]
+
+
+# -- machine ----------------------------------------------------------------------------------------
+
+
+def _proc_bytes(path: str) -> dict[str, int]:
+    """``Key: N kB`` lines of a /proc file, in bytes."""
+    out: dict[str, int] = {}
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    import safetensors
+    import transformers
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor() or "unknown",
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": _proc_bytes("/proc/meminfo").get("MemTotal", 0),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "platform": platform.platform(),
+        # Other processes share the cores: the 1, 5 and 15 minute load averages when the run starts.
+        "load_average_start": os.getloadavg(),
+    }
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """Busy CPU seconds of the whole machine (/proc/stat), and of this process plus its waited-for
+    descendants: their difference over a run is what other processes used."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (
+        (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
+        me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime,
+    )
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def memory_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Best ``dst.copy_(src)`` bandwidth in bytes/s over ``nbytes`` of float32, counting read + write."""
+    src = torch.ones(max(nbytes // 4, 1))
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault every page in before timing
+    best = min(timed(functools.partial(dst.copy_, src)) for _ in range(repeats))
+    return 2 * src.numel() * src.element_size() / best
+
+
+# -- checkpoint -------------------------------------------------------------------------------------
+
+
+def shard_files(checkpoint_dir: str | Path) -> list[Path]:
+    return sorted(Path(checkpoint_dir).glob("*.safetensors"))
+
+
+def make_checkpoint(plugin_name: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
+    """Random weights for the plugin's bundled ``bench`` config, saved by transformers in ≥2 shards."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..plugins import discover_plugins
+    from ..testing import save_checkpoint
+
+    plugins = discover_plugins()
+    if plugin_name not in plugins:
+        raise ConfigError(
+            f"no installed plugin named {plugin_name!r}; installed: {', '.join(plugins) or 'none'}"
+        )
+    config = AutoConfig.from_pretrained(plugins[plugin_name].bundled_config_dir("bench"))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    params = list(model.parameters())  # tied weights appear once
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding
+    save_checkpoint(model, out_dir, max_shard_size=param_bytes // 3 + 1)
+    files = shard_files(out_dir)
+    if len(files) < 2:
+        raise RuntimeError(f"expected a sharded checkpoint, got {[f.name for f in files]}")
+    return {
+        "dir": str(out_dir),
+        "architecture": config.architectures[0],
+        "num_parameters": sum(p.numel() for p in params),
+        "parameter_bytes": param_bytes,
+        "bytes": sum(f.stat().st_size for f in files),
+        "largest_tensor_bytes": max(p.numel() * p.element_size() for p in params),
+        "shards": len(files),
+        # A decode step reads every weight once, except the input embedding (one row per token).
+        "weight_bytes_per_token": param_bytes - (0 if tied else embedding.numel() * embedding.element_size()),
+        "vocab_size": config.vocab_size,
+        "pad_token_id": next(
+            (t for t in (config.pad_token_id, config.eos_token_id, 0) if isinstance(t, int)), 0
+        ),
+    }
+
+
+# -- memory -----------------------------------------------------------------------------------------
+
+
+class PeakMemory:
+    """Peak RSS over a ``with`` block, in bytes: ``peak_rss`` (exact, VmHWM reset at entry) and the
+    sampled peaks of anonymous (``RssAnon``) and file-backed (``RssFile``) pages."""
+
+    FIELDS = ("RssAnon", "RssFile")
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.result: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._peaks: dict[str, int] = {}
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            status = _proc_bytes("/proc/self/status")
+            for k in self.FIELDS:
+                self._peaks[k] = max(self._peaks[k], status.get(k, 0))
+
+    def __enter__(self) -> PeakMemory:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            reset = True
+        except OSError:
+            reset = False
+        self._base = _proc_bytes("/proc/self/status")
+        self._peaks = {k: self._base.get(k, 0) for k in self.FIELDS}
+        self.result["hwm_reset"] = reset
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        end = _proc_bytes("/proc/self/status")
+        peaks = {k: max(v, end.get(k, 0)) for k, v in self._peaks.items()}
+        self.result |= {
+            "baseline_rss": self._base["VmRSS"],
+            "peak_rss": end["VmHWM"],
+            "peak_added": end["VmHWM"] - self._base["VmRSS"],
+            "anon_added": peaks["RssAnon"] - self._base.get("RssAnon", 0),
+            "file_added": peaks["RssFile"] - self._base.get("RssFile", 0),
+        }
+
+
+# -- weight loading (run in child processes) -------------------------------------------------------
+
+
+def load_rank(rank: int, world_size: int, checkpoint_dir: str) -> list[dict[str, Any]]:
+    """Build this rank's model, time ``load_weights``; every rank's figures, gathered on each rank."""
+    import torch.distributed as dist
+
+    from ..causal_lm import build_model
+    from ..hf_config import load_hf_config
+    from ..plugins import plugin_for_architecture
+    from ..runtime_config import NeuronConfig
+
+    config = NeuronConfig(
+        tp_degree=world_size, block_size=BENCH_RUNNER.block_size, max_model_len=BENCH_RUNNER.max_model_len
+    )
+    # Do the lazy imports first (the plugin, transformers' config classes: ~150 MB of RSS), so they land
+    # in the baseline rather than in the measurement. No throwaway model: freeing one would change how
+    # the allocator places the parameters (heap instead of fresh, huge-page-backed mappings).
+    plugin_for_architecture(load_hf_config(checkpoint_dir).architectures[0]).load_factory()
+    with PeakMemory() as memory:
+        model = build_model(checkpoint_dir, config, load=False)
+        seconds = timed(functools.partial(model.load_weights, checkpoint_dir, progress=False))
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    stats = {"rank": rank, "seconds": seconds, "bytes": nbytes, **memory.result}
+    if world_size == 1:
+        return [stats]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, stats)
+    return gathered
+
+
+def _read_shard(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        # safetensors ≥ 0.8 maps files lazily by default (nothing is read); pread reads every byte.
+        return load_file(path, backend="pread")
+    except TypeError:  # older safetensors: no backend argument, and load_file reads eagerly
+        return load_file(path)
+
+
+def plain_read(checkpoint_dir: str) -> list[dict[str, Any]]:
+    """The reference: ``safetensors.torch.load_file`` of every shard, into process memory."""
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        shards = [_read_shard(f) for f in shard_files(checkpoint_dir)]
+        seconds = time.perf_counter() - start
+    nbytes = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+    return [{"rank": 0, "seconds": seconds, "bytes": nbytes, **memory.result}]
+
+
+def child_main(argv: Sequence[str] | None = None) -> None:
+    """``KIND CHECKPOINT_DIR TP``: print one JSON line with the per-rank figures (KIND: ours, plain)."""
+    from ..parallel.launch import run_on_ranks
+
+    kind, checkpoint_dir, tp = argv if argv is not None else sys.argv[1:]
+    result = (
+        plain_read(checkpoint_dir) if kind == "plain" else run_on_ranks(load_rank, int(tp), checkpoint_dir)
+    )
+    print(json.dumps(result))
+
+
+def run_load_child(kind: str, checkpoint_dir: str, tp: int = 1) -> list[dict[str, Any]]:
+    code = "from trnmodels.core.bench.measure import child_main; child_main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, kind, checkpoint_dir, str(tp)], capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise RuntimeError(f"load measurement {kind} tp={tp} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median_fields(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The per-field median over repeated runs (numbers only; other fields from the first run)."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def measure_loading(checkpoint_dir: str, repeats: int) -> dict[str, Any]:
+    """The plain read, ours at TP=1 and ours per rank at TP=2, each repeat in a fresh process. The three
+    take turns within every repeat, so a change in machine load hits all of them alike."""
+    kinds = {"plain": ("plain", 1), "ours_tp1": ("ours", 1), "ours_tp2": ("ours", 2)}
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in kinds}
+    for _ in range(repeats):
+        for name, (kind, tp) in kinds.items():
+            runs[name].append(run_load_child(kind, checkpoint_dir, tp))
+    per_rank = {
+        name: [median_fields([run[r] for run in rs]) for r in range(len(rs[0]))] for name, rs in runs.items()
+    }
+    return {
+        "repeats": repeats,
+        "plain": per_rank["plain"][0],
+        "ours_tp1": per_rank["ours_tp1"][0],
+        "ours_tp2": per_rank["ours_tp2"],
+    }
+
+
+# -- throughput -------------------------------------------------------------------------------------
+
+
+def random_prompts(lengths: Sequence[int], vocab_size: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def throughput(
+    systems: Mapping[str, Generate],
+    prefill_prompt: list[int],
+    batches: Mapping[str, list[list[int]]],
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, dict[str, float]]:
+    """Per system: prefill tok/s of one prompt, and decode tok/s per batch, i.e. ``batch * (N - 1)``
+    tokens over the time to generate N tokens minus the time to generate 1 (the prefill's token).
+
+    One warm-up each, then medians over ``repeats``; the systems take turns within every repeat, so a
+    change in machine load hits all of them alike.
+    """
+    for generate in systems.values():
+        generate([prefill_prompt], 1)
+        for prompts in batches.values():
+            generate(prompts, 2)  # the prefill and the decode graph of this batch
+    times: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for name, generate in systems.items():
+            times[name, "prefill", 1].append(timed(functools.partial(generate, [prefill_prompt], 1)))
+            for batch, prompts in batches.items():
+                for n in (1, new_tokens):
+                    times[name, batch, n].append(timed(functools.partial(generate, prompts, n)))
+    med = {key: statistics.median(values) for key, values in times.items()}
+    return {
+        name: {"prefill": len(prefill_prompt) / med[name, "prefill", 1]}
+        | {
+            batch: len(prompts) * (new_tokens - 1) / (med[name, batch, new_tokens] - med[name, batch, 1])
+            for batch, prompts in batches.items()
+        }
+        for name in systems
+    }
+
+
+def runner_generate(runner: Any) -> Generate:
+    from ..runner.config import SamplingParams
+
+    def generate(prompts: list[list[int]], n: int) -> object:
+        return runner.generate(prompts, SamplingParams(max_new_tokens=n, ignore_eos=True))
+
+    return generate
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.int64)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def hf_generate(model: Any, pad_id: int) -> Generate:
+    """Greedy HF ``generate`` of exactly n tokens (EOS suppressed), batches left-padded."""
+
+    @torch.inference_mode()
+    def generate(prompts: list[list[int]], n: int) -> object:
+        ids, mask = left_pad(prompts, pad_id)
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+
+    return generate
+
+
+# -- compile ----------------------------------------------------------------------------------------
+
+
+def compile_times(target: Any, specs: Sequence[Any], cache_dir: str, jobs: int) -> dict[str, Any]:
+    """``compile_all`` into a fresh cache (cold), then again into the same cache (warm: all hits)."""
+    from ..compile import compile_all
+
+    start = time.perf_counter()
+    cold = compile_all(target, cache_dir, jobs=jobs, specs=specs)
+    cold_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    warm = compile_all(target, cache_dir, jobs=jobs, specs=specs)
+    warm_seconds = time.perf_counter() - start
+    return {
+        "jobs": jobs,
+        "cold_seconds": cold_seconds,
+        "warm_seconds": warm_seconds,
+        "graphs": [
+            {"name": c.name, "cold_seconds": c.seconds, "cold": c.cache, "warm": w.cache}
+            for c, w in zip(cold, warm, strict=True)
+        ],
+    }

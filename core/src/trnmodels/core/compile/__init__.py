@@ -1,0 +1,17 @@
+"""Ahead-of-time compilation of every bucket graph, with a persistent, shared artifact cache."""
+
+from .cache import ArtifactCache, CorruptArtifactWarning
+from .driver import CompileError, CompileTarget, GraphResult, compile_all, compile_graph, graph_key
+from .load import load_compiled_graphs
+
+__all__ = [
+    "ArtifactCache",
+    "CompileError",
+    "CompileTarget",
+    "CorruptArtifactWarning",
+    "GraphResult",
+    "compile_all",
+    "compile_graph",
+    "graph_key",
+    "load_compiled_graphs",
+]

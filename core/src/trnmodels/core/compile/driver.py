@@ -1,0 +1,234 @@
+"""The compile driver: every (phase, bucket) graph captured whole and compiled ahead of time.
+
+On CPU each graph becomes an AOTInductor ``.pt2`` package with the weights left out
+(``package_constants_in_so=False``): at load time the rank's own weights are bound by name, so one
+artifact serves every rank and every checkpoint of the same config. Capture is ``torch.export`` in
+strict mode (TorchDynamo with ``fullgraph`` semantics): a graph break is a ``CompileError`` that names
+the offending source line. Compiling needs no weights and no peers: the model is built from its config,
+and TP graphs are traced on a fake process group of the right size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import neuron
+from ..errors import TrnModelsError
+from ..hf_config import load_hf_config
+from ..parallel.state import destroy_parallel_state, init_parallel_state
+from ..plugins import plugin_for_architecture
+from ..runner.config import RunnerConfig
+from ..runner.graphs import (
+    DECODE,
+    DecodeStep,
+    GraphSpec,
+    PrefillStep,
+    all_graph_specs,
+    example_inputs,
+    flat_caches,
+)
+from ..runtime_config import NeuronConfig
+from .cache import ArtifactCache
+from .key import cache_key, source_digest
+
+COMPILER_FLAGS: dict[str, Any] = {"aot_inductor.package_constants_in_so": False}
+
+
+class CompileError(TrnModelsError):
+    """A graph could not be captured whole, or the compiler failed on it."""
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """What to compile: a checkpoint's model at a TP degree and dtype, shaped by a runner config."""
+
+    checkpoint_dir: str
+    runner: RunnerConfig
+    tp: int = 1
+    dtype: str = "float32"
+
+    def neuron_config(self) -> NeuronConfig:
+        return NeuronConfig(
+            tp_degree=self.tp,
+            dtype=self.dtype,
+            block_size=self.runner.block_size,
+            max_model_len=self.runner.max_model_len,
+        )
+
+    def runtime_fields(self) -> dict[str, Any]:
+        return {"tp": self.tp, "dtype": self.dtype, **dataclasses.asdict(self.runner)}
+
+
+@dataclass(frozen=True)
+class GraphResult:
+    name: str
+    phase: str
+    bucket: list[int]
+    seconds: float
+    cache: str  # "hit" or "miss"
+    path: str
+
+
+def graph_key(target: CompileTarget, spec: GraphSpec) -> tuple[str, dict[str, Any]]:
+    # The full config as transformers reads it, so a bundled config.json and a saved checkpoint of the
+    # same model (which spells out every default) share their artifacts.
+    config = load_hf_config(target.checkpoint_dir).to_dict()
+    plugin = plugin_for_architecture((config.get("architectures") or ["?"])[0])
+    plugin_package = importlib.import_module(plugin.package)
+    core_package = importlib.import_module("trnmodels.core")
+    return cache_key(
+        model_config=config,
+        runtime_config=target.runtime_fields(),
+        graph=spec.phase,
+        bucket=spec.bucket,
+        dtype=target.dtype,
+        compiler_flags=dict(COMPILER_FLAGS),
+        source=source_digest(core_package, plugin_package),
+    )
+
+
+def build_model_for_tracing(target: CompileTarget) -> torch.nn.Module:
+    """The model with uninitialised weights: shapes and code are all a capture needs."""
+    hf_config = load_hf_config(target.checkpoint_dir)
+    plugin = plugin_for_architecture(hf_config.architectures[0])
+    return plugin.load_factory()(hf_config, target.neuron_config())
+
+
+def _user_frames(error: BaseException) -> str:
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', str(error))
+    mine = [f"{path}:{line} in {fn}" for path, line, fn in frames if "/torch/" not in path]
+    return "; ".join(mine[-3:]) or "(no source line reported)"
+
+
+def capture(step: torch.nn.Module, args: tuple[torch.Tensor, ...], name: str) -> torch.export.ExportedProgram:
+    try:
+        return torch.export.export(step, args, strict=True)
+    except Exception as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CompileError(
+            f"{name}: the graph cannot be captured whole at {_user_frames(e)}: {first_line}"
+        ) from e
+
+
+def _step_for(model: torch.nn.Module, spec: GraphSpec) -> torch.nn.Module:
+    return DecodeStep(model) if spec.phase == DECODE else PrefillStep(model)
+
+
+class _TracingGroup:
+    """A fake process group of the target's size, so TP collectives trace without peers."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+
+    def __enter__(self) -> None:
+        if self.tp > 1:
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.tp)
+        init_parallel_state(self.tp)
+
+    def __exit__(self, *exc: object) -> None:
+        destroy_parallel_state()
+        if self.tp > 1:
+            dist.destroy_process_group()
+
+
+def _compile_to(target: CompileTarget, spec: GraphSpec, path: Path) -> None:
+    with _TracingGroup(target.tp), torch.no_grad():
+        model = build_model_for_tracing(target)
+        step = _step_for(model, spec)
+        args = example_inputs(
+            spec, target.runner, model.vocab_size, flat_caches(step.kv_spec, target.runner.num_blocks)
+        )
+        if neuron.sdk_available():
+            from .neuron import compile_for_neuron
+
+            compile_for_neuron(step, args, path)
+            return
+        program = capture(step, args, spec.name)
+        try:
+            # A copy: AOTInductor adds its own entries to the dict it is given, which would change keys.
+            flags = dict(COMPILER_FLAGS)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=flags)
+        except Exception as e:
+            raise CompileError(f"{spec.name}: AOTInductor failed: {e}") from e
+
+
+def compile_graph(
+    target: CompileTarget,
+    spec: GraphSpec,
+    cache_dir: str | None = None,
+    keyed: tuple[str, dict[str, Any]] | None = None,
+) -> GraphResult:
+    """Compile one graph into the cache (or find it there). ``keyed`` passes a key computed by the
+    caller, so workers file their artifacts under exactly the key the caller will look up."""
+    cache = ArtifactCache(cache_dir)
+    key, fields = keyed or graph_key(target, spec)
+    start = time.perf_counter()
+    path, hit = cache.get_or_build(key, lambda p: _compile_to(target, spec, p), {"key": key, **fields})
+    return GraphResult(
+        spec.name,
+        spec.phase,
+        list(spec.bucket),
+        time.perf_counter() - start,
+        "hit" if hit else "miss",
+        str(path),
+    )
+
+
+def compile_all(
+    target: CompileTarget,
+    cache_dir: str | None = None,
+    *,
+    jobs: int = 1,
+    specs: Iterable[GraphSpec] | None = None,
+    on_result: Callable[[GraphResult], None] | None = None,
+) -> list[GraphResult]:
+    """Compile every graph of the target; independent graphs compile in ``jobs`` worker processes.
+
+    Cache hits are answered here without starting a worker; results come back in ``specs`` order.
+    """
+    specs = list(specs or all_graph_specs(target.runner))
+    cache = ArtifactCache(cache_dir)
+    results: dict[GraphSpec, GraphResult] = {}
+    misses: dict[GraphSpec, tuple[str, dict[str, Any]]] = {}
+    for spec in specs:
+        start = time.perf_counter()
+        keyed = graph_key(target, spec)
+        path = cache.lookup(keyed[0])
+        if path is None:
+            misses[spec] = keyed
+            continue
+        results[spec] = GraphResult(
+            spec.name, spec.phase, list(spec.bucket), time.perf_counter() - start, "hit", str(path)
+        )
+        if on_result:
+            on_result(results[spec])
+    if jobs <= 1 or len(misses) <= 1:
+        for spec, keyed in misses.items():
+            results[spec] = compile_graph(target, spec, cache_dir, keyed)
+            if on_result:
+                on_result(results[spec])
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=get_context("spawn")) as pool:
+            futures = {
+                pool.submit(compile_graph, target, spec, cache_dir, keyed): spec
+                for spec, keyed in misses.items()
+            }
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_result:
+                    on_result(results[futures[future]])
+    return [results[spec] for spec in specs]

@@ -1,0 +1,50 @@
+"""Load the compiled graphs that are in the cache, binding this rank's weights to each by name."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from ..runner.graphs import GraphSpec, all_graph_specs
+from .cache import ARTIFACT, ArtifactCache, CorruptArtifactWarning
+from .driver import CompileTarget, graph_key
+
+
+def _constants(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # The step modules hold the model as ``self.model``: the exported constants carry that prefix.
+    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    return {f"model.{name}": t for name, t in named.items()}
+
+
+def load_compiled_graphs(
+    target: CompileTarget, model: torch.nn.Module, cache_dir: str | None = None
+) -> dict[GraphSpec, Callable[..., torch.Tensor]]:
+    """The graphs of ``target`` found in the cache; missing ones are left to run eagerly.
+
+    Weights are shared with ``model`` (``user_managed``), not copied, so every graph sees one copy.
+    """
+    cache = ArtifactCache(cache_dir)
+    constants = _constants(model)
+    graphs: dict[GraphSpec, Callable[..., torch.Tensor]] = {}
+    for spec in all_graph_specs(target.runner):
+        key, _ = graph_key(target, spec)
+        path = cache.lookup(key)
+        if path is None:
+            continue
+        try:
+            loader = torch._inductor.aoti_load_package(str(path))
+            wanted = set(loader.get_constant_fqns())
+            loader.load_constants(
+                {k: v for k, v in constants.items() if k in wanted}, check_full_update=True, user_managed=True
+            )
+        except Exception as e:  # a package that passed its checksum but cannot load is corrupt too
+            with cache.lock(key):
+                cache.discard(key, f"cannot load {ARTIFACT}: {e}")
+            warnings.warn(
+                f"{spec.name} runs eagerly until it is compiled again", CorruptArtifactWarning, stacklevel=2
+            )
+            continue
+        graphs[spec] = loader
+    return graphs

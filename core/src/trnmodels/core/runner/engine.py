@@ -1,0 +1,242 @@
+"""The CPU model runner: drives any LLM plugin the way a device runner does.
+
+Each step is either a prefill (several waiting prompts, flat and padded to a token bucket) or a decode
+(one token for each running sequence, padded to a batch bucket and a context-length bucket); never
+both. Every step calls one static-shaped graph, compiled or eager, that samples inside and returns
+token ids. Padding tokens write only to the null block, so they never touch a live cache slot.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..causal_lm import CausalLM
+from ..errors import ConfigError, InputError
+from ..kv_cache import BlockAllocator, null_slots, slot_mapping
+from ..ops.sampling import gumbel_noise
+from .config import RunnerConfig, SamplingParams, pick_bucket
+from .graphs import DECODE, PREFILL, DecodeStep, GraphSpec, PrefillStep, flat_caches
+from .score import check_token_ids
+
+GraphFn = Callable[..., torch.Tensor]
+GREEDY = SamplingParams()
+
+
+@dataclass
+class Generation:
+    """One request's result: the generated ids and why it stopped (``stop`` or ``length``)."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Sequence:
+    index: int
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    blocks: list[int]
+    result: Generation
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.result.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.result.finish_reason is not None
+
+
+class Runner:
+    """Generates for batches of prompts on one rank (every TP rank runs the same loop in lockstep).
+
+    ``graphs`` maps a ``GraphSpec`` to a compiled callable; specs not in it run eagerly.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        config: RunnerConfig,
+        *,
+        rank: int = 0,
+        eos_token_id: int | Sequence[int] | None = None,
+        graphs: dict[GraphSpec, GraphFn] | None = None,
+    ):
+        spec = model.get_kv_spec()
+        if spec.block_size != config.block_size:
+            raise ConfigError(
+                f"block_size: the model caches {spec.block_size} tokens per block, the runner {config.block_size}"
+            )
+        self.model = model
+        self.config = config
+        self.vocab_size = model.vocab_size
+        self.rank = torch.tensor(rank, dtype=torch.int64)
+        eos = (
+            []
+            if eos_token_id is None
+            else [eos_token_id]
+            if isinstance(eos_token_id, int)
+            else list(eos_token_id)
+        )
+        self.eos_token_ids = set(eos)
+        self.caches = flat_caches(spec, config.num_blocks)
+        self.allocator = BlockAllocator(config.num_blocks)
+        self.eager = {PREFILL: PrefillStep(model), DECODE: DecodeStep(model)}
+        self.graphs = dict(graphs or {})
+        self.steps: list[GraphSpec] = []  # which graph every step ran, for tests and stats
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] = GREEDY,
+    ) -> list[Generation]:
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InputError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        seqs = [self._admit(i, list(p), sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        waiting, running = deque(seqs), []
+        try:
+            while waiting or running:
+                if waiting and len(running) < self.config.max_num_seqs:
+                    batch = self._take_prefill_batch(waiting, self.config.max_num_seqs - len(running))
+                    self._prefill(batch)
+                    running += batch
+                else:
+                    self._decode(running)
+                for s in running:
+                    if s.finished and s.blocks:
+                        self.allocator.free(s.blocks)
+                        s.blocks = []
+                running = [s for s in running if not s.finished]
+        finally:
+            for s in seqs:
+                if s.blocks:
+                    self.allocator.free(s.blocks)
+                    s.blocks = []
+        return [s.result for s in seqs]
+
+    # -- scheduling -------------------------------------------------------------------------------
+
+    def _admit(self, index: int, prompt: list[int], params: SamplingParams) -> _Sequence:
+        if not prompt:
+            raise InputError(f"prompt {index} is empty")
+        if len(prompt) > self.config.max_model_len:
+            raise InputError(
+                f"prompt {index} has {len(prompt)} tokens, more than max_model_len={self.config.max_model_len}"
+            )
+        check_token_ids(prompt, self.vocab_size)
+        generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else random.randrange(1 << 62)
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        return _Sequence(index, prompt, params, generator, [], Generation(prompt))
+
+    def _take_prefill_batch(self, waiting: deque[_Sequence], free_slots: int) -> list[_Sequence]:
+        budget = self.config.num_batched_tokens_buckets[-1]
+        batch: list[_Sequence] = []
+        tokens = 0
+        while waiting and len(batch) < free_slots and tokens + len(waiting[0].prompt) <= budget:
+            seq = waiting.popleft()
+            final_len = min(len(seq.prompt) + seq.params.max_new_tokens, self.config.max_model_len)
+            seq.blocks = self.allocator.allocate(math.ceil(final_len / self.config.block_size))
+            tokens += len(seq.prompt)
+            batch.append(seq)
+        return batch
+
+    def _run(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+        self.steps.append(spec)
+        fn = self.graphs.get(spec) or self.eager[spec.phase]
+        return fn(*inputs, self.rank, *self.caches)
+
+    def _sampling_inputs(self, seqs: list[_Sequence], rows: int) -> tuple[torch.Tensor, ...]:
+        temperature = torch.zeros(rows)
+        top_k = torch.zeros(rows, dtype=torch.int64)
+        top_p = torch.ones(rows)
+        noise = torch.zeros(rows, self.vocab_size)
+        for i, s in enumerate(seqs):
+            temperature[i], top_k[i], top_p[i] = s.params.temperature, s.params.top_k, s.params.top_p
+            if s.generator is not None:
+                noise[i] = gumbel_noise(self.vocab_size, s.generator)
+        return temperature, top_k, top_p, noise
+
+    def _prefill(self, batch: list[_Sequence]) -> None:
+        total = sum(len(s.prompt) for s in batch)
+        bucket = pick_bucket(self.config.num_batched_tokens_buckets, total)
+        pad = bucket - total
+        ids, positions, seq_ids, slots, last = [], [], [], [], []
+        for i, s in enumerate(batch):
+            n = len(s.prompt)
+            pos = torch.arange(n)
+            ids.append(torch.tensor(s.prompt))
+            positions.append(pos)
+            seq_ids.append(torch.full((n,), i))
+            slots.append(slot_mapping(torch.tensor(s.blocks), pos, self.config.block_size))
+            last.append(sum(len(t) for t in ids) - 1)
+        zeros = torch.zeros(pad, dtype=torch.int64)
+        rows = self.config.max_num_seqs
+        sample_index = torch.zeros(rows, dtype=torch.int64)
+        sample_index[: len(batch)] = torch.tensor(last)
+        tokens = self._run(
+            GraphSpec(PREFILL, (bucket,)),
+            torch.cat([*ids, zeros]),
+            torch.cat([*positions, zeros]),
+            torch.cat([*seq_ids, torch.full((pad,), -1)]),
+            torch.cat([*slots, null_slots(pad, self.config.block_size)]),
+            sample_index,
+            *self._sampling_inputs(batch, rows),
+        )
+        self._append(batch, tokens)
+
+    def _decode(self, seqs: list[_Sequence]) -> None:
+        rows = pick_bucket(self.config.num_seqs_buckets, len(seqs))
+        context = pick_bucket(self.config.context_len_buckets, max(s.length for s in seqs))
+        pad = rows - len(seqs)
+        width = context // self.config.block_size
+        block_tables = torch.zeros(rows, width, dtype=torch.int64)
+        positions = torch.zeros(rows, dtype=torch.int64)
+        for i, s in enumerate(seqs):
+            # Blocks reserved for later tokens lie past this bucket's context and are not needed yet.
+            blocks = s.blocks[:width]
+            block_tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+            positions[i] = s.length - 1
+        slots = torch.cat(
+            [
+                torch.stack(
+                    [
+                        slot_mapping(block_tables[i], positions[i], self.config.block_size)
+                        for i in range(len(seqs))
+                    ]
+                ),
+                null_slots(pad, self.config.block_size),
+            ]
+        )
+        tokens = self._run(
+            GraphSpec(DECODE, (rows, context)),
+            torch.tensor([s.result.token_ids[-1] for s in seqs] + [0] * pad),
+            positions,
+            slots,
+            block_tables,
+            positions + 1,
+            *self._sampling_inputs(seqs, rows),
+        )
+        self._append(seqs, tokens)
+
+    def _append(self, seqs: list[_Sequence], tokens: torch.Tensor) -> None:
+        for s, token in zip(seqs, tokens.tolist(), strict=False):
+            s.result.token_ids.append(token)
+            if not s.params.ignore_eos and (token in self.eos_token_ids or token in s.params.stop_token_ids):
+                s.result.finish_reason = "stop"
+            elif len(s.result.token_ids) >= s.params.max_new_tokens or s.length >= self.config.max_model_len:
+                s.result.finish_reason = "length"

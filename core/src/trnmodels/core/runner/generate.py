@@ -1,0 +1,121 @@
+"""Text in, text out: tokenize, run the runner on every TP rank, detokenize.
+
+Compiled graphs are used when the cache holds them for this exact configuration (``eager=False``);
+any graph not in the cache runs eagerly, so a partial compile still works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..hf_config import read_config_dict
+from ..parallel.launch import run_on_ranks
+from .config import RunnerConfig, SamplingParams
+from .engine import Generation, Runner
+
+DEFAULT_MAX_MODEL_LEN = 512
+
+
+def runner_config_for(
+    checkpoint_dir: str | Path,
+    *,
+    max_num_seqs: int = 8,
+    max_model_len: int | None = None,
+    block_size: int = 32,
+) -> RunnerConfig:
+    """The runner config a command uses by default: ``max_model_len`` is the model's context, capped."""
+    raw = read_config_dict(checkpoint_dir)
+    context = raw.get("max_position_embeddings") or raw.get("text_config", {}).get("max_position_embeddings")
+    if max_model_len is None:
+        max_model_len = min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    elif context and max_model_len > context:
+        raise ConfigError(
+            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={context}"
+        )
+    return RunnerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size)
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    checkpoint_dir: str
+    prompts: tuple[tuple[int, ...], ...]
+    params: SamplingParams
+    runner: RunnerConfig
+    dtype: str = "float32"
+    cache_dir: str | None = None
+    eager: bool = False
+
+
+def _eos_token_ids(checkpoint_dir: str) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(checkpoint_dir).eos_token_id
+    except OSError:
+        eos = read_config_dict(checkpoint_dir).get("eos_token_id")
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _generate_on_rank(rank: int, world_size: int, job: GenerateJob) -> dict[str, Any]:
+    from ..causal_lm import build_model
+    from ..compile import CompileTarget, load_compiled_graphs
+
+    target = CompileTarget(job.checkpoint_dir, job.runner, tp=world_size, dtype=job.dtype)
+    model = build_model(job.checkpoint_dir, target.neuron_config(), progress=rank == 0)
+    graphs = {} if job.eager else load_compiled_graphs(target, model, job.cache_dir)
+    runner = Runner(
+        model, job.runner, rank=rank, eos_token_id=_eos_token_ids(job.checkpoint_dir), graphs=graphs
+    )
+    results = runner.generate([list(p) for p in job.prompts], job.params)
+    return {"results": results, "compiled_graphs": len(graphs), "steps": [s.name for s in runner.steps]}
+
+
+def generate_token_ids(job: GenerateJob, tp: int = 1) -> dict[str, Any]:
+    """``{"results": [Generation], "compiled_graphs": n, "steps": [...]}`` from rank 0."""
+    return run_on_ranks(_generate_on_rank, tp, job)
+
+
+def generate_texts(
+    checkpoint_dir: str | Path,
+    prompts: Sequence[str],
+    params: SamplingParams,
+    *,
+    runner: RunnerConfig | None = None,
+    tp: int = 1,
+    dtype: str = "float32",
+    cache_dir: str | None = None,
+    eager: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``([{"prompt", "token_ids", "text", "finish_reason"}], stats)`` for each prompt, in order."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{checkpoint_dir}: no usable tokenizer for text prompts: {e}") from None
+    encoded = tuple(tuple(tokenizer(p)["input_ids"]) for p in prompts)
+    job = GenerateJob(
+        str(checkpoint_dir),
+        encoded,
+        params,
+        runner or runner_config_for(checkpoint_dir),
+        dtype,
+        cache_dir,
+        eager,
+    )
+    out = generate_token_ids(job, tp)
+    results: list[Generation] = out["results"]
+    outputs = [
+        {
+            "prompt": prompt,
+            "token_ids": r.token_ids,
+            "text": tokenizer.decode(r.token_ids, skip_special_tokens=True),
+            "finish_reason": r.finish_reason,
+        }
+        for prompt, r in zip(prompts, results, strict=True)
+    ]
+    return outputs, {"compiled_graphs": out["compiled_graphs"], "steps": len(out["steps"])}

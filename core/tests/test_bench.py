@@ -1,0 +1,202 @@
+"""The benchmark's helpers on tiny inputs: measurements, ratios and verdicts, the page. No full run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trnmodels.core.bench import measure, report
+from trnmodels.core.bench.report import Target
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+
+
+def _results() -> dict:
+    """Hand-made figures: decode and TP=2 RSS miss their targets, the rest meet them."""
+    load = {"hwm_reset": True, "baseline_rss": 600e6}
+    return {
+        "model": "toy",
+        "date": "2025-01-01 00:00 UTC",
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "torch_threads": 2,
+            "memory_bytes": 8 * 2**30,
+            "platform": "Linux",
+            "python": "3.11",
+            "torch": "2.13",
+            "transformers": "5.19",
+            "safetensors": "0.8",
+            "load_average_start": [0.5, 0.4, 0.3],
+            "load_average_end": [2.0, 1.5, 1.0],
+            "run_seconds": 300.0,
+            "other_processes_cores": 0.25,
+        },
+        "settings": {
+            "load_repeats": 1,
+            "repeats": 1,
+            "new_tokens": 9,
+            "prefill_len": 256,
+            "decode_prompt_len": 32,
+            "batch": 8,
+            "jobs": 2,
+            "bandwidth_bytes": 2**30,
+        },
+        "runner": {
+            "max_num_seqs": 8,
+            "max_model_len": 256,
+            "block_size": 32,
+            "num_batched_tokens_buckets": [256],
+            "num_seqs_buckets": [1, 8],
+            "context_len_buckets": [256],
+        },
+        "bandwidth_bytes_per_s": 24e9,
+        "checkpoint": {
+            "architecture": "ToyForCausalLM",
+            "num_parameters": 100e6,
+            "parameter_bytes": 400e6,
+            "bytes": 400e6,
+            "largest_tensor_bytes": 100e6,
+            "shards": 3,
+            "weight_bytes_per_token": 300e6,
+        },
+        "loading": {
+            "repeats": 1,
+            "plain": {**load, "rank": 0, "seconds": 0.25, "bytes": 400e6, "peak_rss": 1000e6}
+            | {"peak_added": 400e6, "anon_added": 398e6, "file_added": 2e6},
+            "ours_tp1": {**load, "rank": 0, "seconds": 0.2, "bytes": 400e6, "peak_rss": 1040e6}
+            | {"peak_added": 440e6, "anon_added": 420e6, "file_added": 20e6},
+            "ours_tp2": [
+                {**load, "rank": r, "seconds": 0.15, "bytes": 200e6, "peak_rss": 1200e6}
+                | {"peak_added": 600e6 - r * 1e6, "anon_added": 280e6, "file_added": 320e6}
+                for r in (0, 1)
+            ],
+        },
+        "compile": {
+            "jobs": 2,
+            "cold_seconds": 61.0,
+            "warm_seconds": 0.5,
+            "load_seconds": 1.8,
+            "loaded_graphs": 3,
+            "graphs": [{"name": "decode_1x256", "cold_seconds": 36.0, "cold": "miss", "warm": "hit"}],
+        },
+        "throughput": {
+            "ours_eager": {"prefill": 1500.0, "decode_b1": 42.0, "decode_b8": 110.0},
+            "ours_compiled": {"prefill": 1600.0, "decode_b1": 60.0, "decode_b8": 158.0},
+            "hf": {"prefill": 1620.0, "decode_b1": 56.0, "decode_b8": 204.0},
+        },
+    }
+
+
+def test_memory_bandwidth_is_positive() -> None:
+    assert measure.memory_bandwidth(8 << 20, repeats=2) > 0
+
+
+@linux_only
+def test_cpu_seconds_count_this_process() -> None:
+    machine, own = measure.cpu_seconds()
+    sum(range(3_000_000))
+    machine2, own2 = measure.cpu_seconds()
+    assert own2 > own and machine2 >= machine
+
+
+def test_target_verdicts() -> None:
+    assert Target("k", "n", 1.6, ">=", 1.5).met
+    assert not Target("k", "n", 1.4, ">=", 1.5).met
+    assert Target("k", "n", 0.05, "<=", 0.1).met
+    assert not Target("k", "n", 0.2, "<=", 0.1).verdict == "met"
+    assert Target("k", "n", 0.0123, "<=", 0.1, percent=True).show(0.0123) == "1.23%"
+    missed = Target("k", "n", 281 / 398, "<=", 0.7)
+    assert not missed.met and missed.show(missed.value) == "0.706×" and missed.show(0.7) == "0.7×"
+
+
+def test_targets_are_ratios_of_the_same_run() -> None:
+    got = {t.key: t for t in report.targets(_results())}
+    assert got["decode"].value == pytest.approx(60 / 56) and not got["decode"].met
+    assert got["warm_start"].value == pytest.approx(0.5 / 61) and got["warm_start"].met
+    assert got["load_speed"].value == pytest.approx((400e6 / 0.2) / (400e6 / 0.25)) and got["load_speed"].met
+    assert got["rss_tp1"].value == pytest.approx(1.1) and got["rss_tp1"].met
+    assert got["rss_tp2"].value == pytest.approx(1.5) and not got["rss_tp2"].met  # worst rank
+    assert report.roofline(_results()) == pytest.approx(80.0)
+
+
+def test_markdown_has_every_figure_and_explains_each_miss() -> None:
+    r = _results()
+    page = report.markdown(r, chart="toy.png")
+    for text in [
+        "Test CPU",
+        "2.13",
+        "2.00 / 1.50 / 1.00",
+        "0.25 of the 2 cores",
+        "24.0 GB/s",
+        "80.0 tok/s",
+        "2.00 GB/s",  # ours TP=1
+        "1.60 GB/s",  # plain read
+        "1.33 GB/s",  # TP=2 rank
+        "440 MB = 1.10× checkpoint",
+        "600 MB = 1.50× checkpoint",
+        "1500.0",
+        "1600.0",
+        "1620.0",
+        "42.0",
+        "60.0",
+        "56.0",
+        "110.0",
+        "158.0",
+        "204.0",
+        "61.0",
+        "0.500",
+        "1.80",
+        "![",
+    ]:
+        assert text in page, text
+    for t in report.targets(r):
+        assert t.name in page
+    assert page.count("**missed**") == 2 and page.count("**met**") == 3
+    assert "### compiled decode at batch 1 ÷ HF eager" in page  # 1.5 × 56 > the 80 tok/s roofline
+    assert "No implementation can reach it" in page
+    assert "### peak RSS of loading ÷ checkpoint bytes, per rank at TP=2" in page
+    assert "### weight loading" not in page
+
+
+def test_write_report(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    paths = report.write_report(_results(), tmp_path)
+    assert [p.name for p in paths] == ["toy.json", "toy.png", "toy.md"]
+    assert json.loads(paths[0].read_text())["model"] == "toy"
+    assert paths[1].read_bytes().startswith(b"\x89PNG")
+
+
+@linux_only
+def test_peak_memory_sees_an_allocation() -> None:
+    with measure.PeakMemory() as memory:
+        block = torch.ones(64 << 18)  # 64 MiB, touched
+    del block
+    assert memory.result["peak_added"] > 48 << 20
+    assert memory.result["anon_added"] > 48 << 20
+
+
+def test_left_pad_and_medians() -> None:
+    ids, mask = measure.left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    runs = [{"seconds": s, "name": "x", "ok": True} for s in (3.0, 1.0, 2.0)]
+    assert measure.median_fields(runs) == {"seconds": 2.0, "name": "x", "ok": True}
+
+
+def test_throughput_excludes_the_prefill() -> None:
+    def fake(step: float) -> measure.Generate:
+        def generate(prompts: list[list[int]], n: int) -> None:
+            time.sleep(0.02 + step * (n - 1))  # 20 ms prefill, then `step` per decode step
+
+        return generate
+
+    systems = {"fast": fake(0.004), "slow": fake(0.008)}
+    got = measure.throughput(systems, [1] * 64, {"decode_b2": [[1], [2]]}, new_tokens=6, repeats=1)
+    assert 0.5 * (2 / 0.004) < got["fast"]["decode_b2"] < 1.5 * (2 / 0.004)
+    assert 0.5 * (2 / 0.008) < got["slow"]["decode_b2"] < 1.5 * (2 / 0.008)
+    assert 0.5 * (64 / 0.02) < got["fast"]["prefill"] < 1.2 * (64 / 0.02)

@@ -1,0 +1,201 @@
+"""The runner end to end: greedy parity with HF generate, compiled = eager, seeded sampling, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import transformers
+
+from trnmodels.core.causal_lm import build_model
+from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
+from trnmodels.core.compile import driver as compile_driver
+from trnmodels.core.errors import ConfigError, InputError
+from trnmodels.core.runner.config import RunnerConfig, SamplingParams
+from trnmodels.core.runner.engine import Runner
+from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
+from trnmodels.llama3.demo import build_demo_checkpoint
+
+from .conftest import LLAMA3_ROPE, run_cli
+from .test_model_logits import SEED, random_config
+
+# Small buckets keep compiles short; two token buckets and two context buckets exercise the padding.
+RUNNER = RunnerConfig(
+    max_num_seqs=4,
+    max_model_len=64,
+    block_size=8,
+    num_batched_tokens_buckets=(32, 64),
+    num_seqs_buckets=(2, 4),
+    context_len_buckets=(32, 64),
+)
+NEW_TOKENS = 12
+
+
+def ragged_prompts(vocab: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(vocab) for _ in range(n)] for n in (5, 17, 1, 9, 30)]
+
+
+def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    # An explicit mask: left to itself, generate would mask every prompt token equal to pad_token_id.
+    out = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+        pad_token_id=0,
+    )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture
+def greedy_cases(make_checkpoint):
+    rng = random.Random(SEED)
+    cases = []
+    named = [
+        dict(rope_parameters=LLAMA3_ROPE),
+        dict(num_key_value_heads=1, vocab_size=101, tie_word_embeddings=True),
+    ]
+    for i, overrides in enumerate([*named, random_config(rng)]):
+        overrides["max_position_embeddings"] = 256
+        ckpt, hf = make_checkpoint(seed=10 + i, **overrides)
+        prompts = ragged_prompts(hf.config.vocab_size, rng)
+        cases.append((ckpt, prompts, [hf_greedy(hf, p, NEW_TOKENS) for p in prompts], overrides))
+    return cases
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_greedy_generation_matches_hf_on_a_ragged_batch(greedy_cases, tp):
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    for ckpt, prompts, expected, overrides in greedy_cases:
+        job = GenerateJob(str(ckpt), tuple(map(tuple, prompts)), params, RUNNER)
+        out = generate_token_ids(job, tp)
+        got = [r.token_ids for r in out["results"]]
+        assert got == expected, f"tp={tp} seed={SEED} {overrides}"
+        # 5 prompts, 4 sequence slots: the fifth waits for a slot, so prefill and decode interleave.
+        assert out["steps"].count("prefill_32") + out["steps"].count("prefill_64") >= 2
+
+
+def test_sequences_finish_at_different_steps_on_eos_and_max_tokens(make_checkpoint):
+    ckpt, hf = make_checkpoint(seed=3)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    reference = [hf_greedy(hf, p, 8) for p in prompts]
+    eos = reference[0][2]  # the first prompt's third token acts as EOS
+    runner = Runner(model, RUNNER, eos_token_id=eos)
+    results = runner.generate(prompts, [SamplingParams(max_new_tokens=8), SamplingParams(max_new_tokens=5)])
+    assert results[0].token_ids == reference[0][: reference[0].index(eos) + 1]
+    assert results[0].finish_reason == "stop"
+    expected_second = reference[1][:5]
+    if eos in expected_second:
+        expected_second = expected_second[: expected_second.index(eos) + 1]
+    assert results[1].token_ids == expected_second
+    assert runner.allocator.num_free == RUNNER.num_blocks - 1  # every block returned, null block kept
+
+
+def test_seeded_sampling_is_reproducible(make_checkpoint):
+    ckpt, _ = make_checkpoint(seed=4)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    runner = Runner(model, RUNNER)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=40, top_p=0.95, seed=1234)
+    first = [r.token_ids for r in runner.generate(prompts, params)]
+    again = [r.token_ids for r in runner.generate(prompts, params)]
+    other = [r.token_ids for r in runner.generate(prompts, SamplingParams(**{**params.__dict__, "seed": 99}))]
+    greedy = [r.token_ids for r in runner.generate(prompts, SamplingParams(max_new_tokens=10))]
+    assert first == again
+    assert first != other and first != greedy
+    # Batching does not change a request's draws: each request owns its generator.
+    alone = runner.generate([prompts[0]], params)[0].token_ids
+    assert alone == first[0]
+
+
+def test_compiled_graphs_match_eager_and_a_second_compile_only_hits(make_checkpoint, tmp_path, monkeypatch):
+    ckpt, _ = make_checkpoint(seed=5)
+    runner_cfg = RunnerConfig(
+        max_num_seqs=2, max_model_len=32, block_size=8, num_batched_tokens_buckets=(32,), num_seqs_buckets=(2,),
+        context_len_buckets=(32,),
+    )  # fmt: skip
+    target = CompileTarget(str(ckpt), runner_cfg)
+    cache = str(tmp_path / "cache")
+    cold = compile_all(target, cache, jobs=2)
+    assert [(r.name, r.cache) for r in cold] == [("prefill_32", "miss"), ("decode_2x32", "miss")]
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a warm compile must not compile anything")
+
+    monkeypatch.setattr(compile_driver, "_compile_to", no_compiling)
+    warm = compile_all(target, cache, jobs=2)
+    assert [r.cache for r in warm] == ["hit", "hit"] and [r.path for r in warm] == [r.path for r in cold]
+
+    model = build_model(ckpt, target.neuron_config(), progress=False)
+    graphs = load_compiled_graphs(target, model, cache)
+    assert len(graphs) == 2
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    params = SamplingParams(max_new_tokens=9, ignore_eos=True)
+    compiled = Runner(model, runner_cfg, graphs=graphs)
+    eager = Runner(model, runner_cfg)
+    assert [r.token_ids for r in compiled.generate(prompts, params)] == [
+        r.token_ids for r in eager.generate(prompts, params)
+    ]
+    sampled = SamplingParams(max_new_tokens=9, temperature=0.7, top_k=20, seed=5)
+    assert [r.token_ids for r in compiled.generate(prompts, sampled)] == [
+        r.token_ids for r in eager.generate(prompts, sampled)
+    ]
+
+
+def test_bad_requests_are_refused(make_checkpoint):
+    ckpt, _ = make_checkpoint(seed=6)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    runner = Runner(model, RUNNER)
+    with pytest.raises(InputError, match="prompt 1 is empty"):
+        runner.generate([[1, 2], []])
+    with pytest.raises(InputError, match="prompt 0 has 65 tokens, more than max_model_len=64"):
+        runner.generate([[1] * 65])
+    with pytest.raises(InputError, match="id 97 at position 1 is out of range"):
+        runner.generate([[1, 97]])
+    assert runner.allocator.num_free == RUNNER.num_blocks - 1
+
+
+def test_runner_refuses_a_block_size_the_model_does_not_use(make_checkpoint):
+    ckpt, _ = make_checkpoint(seed=6)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), load=False)
+    with pytest.raises(ConfigError, match="block_size"):
+        Runner(model, RunnerConfig(max_num_seqs=2, max_model_len=64, block_size=16))
+
+
+def test_cli_generate_json_contract(tmp_path):
+    ckpt = tmp_path / "tiny"
+    build_demo_checkpoint(ckpt)
+    done = run_cli(
+        "generate", str(ckpt), "--prompt", "Hello, my name is", "--prompt", "The quick brown fox",
+        "--max-new-tokens", "5", "--ignore-eos", "--cache-dir", str(tmp_path / "cache"), "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outputs = json.loads(done.stdout)["outputs"]
+    assert [o["prompt"] for o in outputs] == ["Hello, my name is", "The quick brown fox"]
+    assert all(len(o["token_ids"]) == 5 and isinstance(o["text"], str) for o in outputs)
+
+    (tmp_path / "blocker").write_text("x")
+    bad = run_cli("compile", str(ckpt), "--cache-dir", str(tmp_path / "blocker" / "cache"))
+    assert bad.returncode == 2 and "is not writable" in bad.stderr
+    too_long = run_cli("generate", str(ckpt), "--prompt", "hi " * 200, "--max-new-tokens", "2")
+    assert too_long.returncode == 2 and "more than max_model_len=128" in too_long.stderr
+
+
+def test_tp2_ranks_share_one_compiled_artifact_per_graph(make_checkpoint, tmp_path):
+    """Graphs compiled once (traced on a fake 2-rank group) serve both gloo ranks; output equals HF."""
+    ckpt, hf = make_checkpoint(seed=8, num_key_value_heads=1, vocab_size=101)
+    runner_cfg = RunnerConfig(
+        max_num_seqs=2, max_model_len=32, block_size=8, num_batched_tokens_buckets=(32,), num_seqs_buckets=(2,),
+        context_len_buckets=(32,),
+    )  # fmt: skip
+    cache = str(tmp_path / "cache")
+    results = compile_all(CompileTarget(str(ckpt), runner_cfg, tp=2), cache, jobs=2)
+    assert [r.cache for r in results] == ["miss", "miss"]
+    assert len(list((tmp_path / "cache").glob("*/graph.pt2"))) == 2  # one per graph, not per rank
+
+    prompts = ((7, 3, 9, 1), (2, 100, 5))
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    out = generate_token_ids(GenerateJob(str(ckpt), prompts, params, runner_cfg, cache_dir=cache), tp=2)
+    assert out["compiled_graphs"] == 2
+    assert [r.token_ids for r in out["results"]] == [hf_greedy(hf, list(p), 8) for p in prompts]
