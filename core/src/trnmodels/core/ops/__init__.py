@@ -3,6 +3,7 @@
 from .attention import attention, decode_attention, gather_paged, prefill_attention, scaled_dot_product
 from .dispatch import current_backend, kernel_op, register_nki, select_backend, use_backend
 from .mlp import clamped_swiglu, gated_mlp
+from .moe import combine_matrix, experts_ffn, route
 from .norm import layer_norm, rms_norm
 from .rope import RopeConfig, apply_rope, cos_sin, inv_freq
 from .sampling import gumbel_noise, sample
@@ -12,9 +13,11 @@ __all__ = [
     "apply_rope",
     "attention",
     "clamped_swiglu",
+    "combine_matrix",
     "cos_sin",
     "current_backend",
     "decode_attention",
+    "experts_ffn",
     "gated_mlp",
     "gather_paged",
     "gumbel_noise",
@@ -24,6 +27,7 @@ __all__ = [
     "prefill_attention",
     "register_nki",
     "rms_norm",
+    "route",
     "sample",
     "scaled_dot_product",
     "select_backend",

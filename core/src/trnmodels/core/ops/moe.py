@@ -1,0 +1,74 @@
+"""Mixture-of-experts ops: routing, and the experts' FFN combined by routing weight.
+
+Static shapes: every local expert runs on every token, and a ``[T, E]`` combine matrix (the routing
+weight where an expert was chosen, zero elsewhere) decides what counts. Unchosen experts' work is
+multiplied by zero, so only the chosen experts reach the output. Under expert parallelism each rank
+passes its own experts and its columns of the combine matrix, and the partial outputs are summed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import kernel_op
+from .mlp import activation, clamped_swiglu
+
+
+@kernel_op("moe_route")
+def route(
+    logits: torch.Tensor, top_k: int, *, softmax_first: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits [T, E]`` → ``(weights [T, k], experts [T, k])``.
+
+    gpt-oss: softmax over the k chosen logits (``softmax_first=False``). Mixtral/Gemma style: softmax over
+    all experts, keep the top k, renormalise them (``softmax_first=True``).
+    """
+    if softmax_first:
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = probs.topk(top_k, dim=-1)
+        return (weights / weights.sum(-1, keepdim=True)).to(logits.dtype), experts
+    values, experts = logits.topk(top_k, dim=-1)
+    return torch.softmax(values, dim=-1, dtype=values.dtype), experts
+
+
+def combine_matrix(
+    weights: torch.Tensor, experts: torch.Tensor, num_experts: int, first_expert: int = 0
+) -> torch.Tensor:
+    """``[T, E_local]``: token t's weight for local expert e (global ``first_expert + e``), else 0."""
+    local = experts - first_expert
+    onehot = F.one_hot(local.clamp(0, num_experts - 1), num_experts).to(weights.dtype)
+    mine = ((local >= 0) & (local < num_experts)).to(weights.dtype)
+    return (onehot * (weights * mine)[..., None]).sum(dim=1)
+
+
+@kernel_op("moe_experts")
+def experts_ffn(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    combine: torch.Tensor,
+    *,
+    act: str = "swiglu_clamped",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> torch.Tensor:
+    """Σ_e combine[t, e] · FFN_e(x_t) for ``x [T, H]``, ``gate_up [E, H, 2I]``, ``down [E, I, H]``.
+
+    ``act="swiglu_clamped"`` is gpt-oss's layout: gate and up interleaved in the ``2I`` columns, clamped
+    SwiGLU. Other activations (``silu``, ``gelu_tanh``) take ``[gate | up]`` halves.
+    """
+    h = torch.einsum("th,ehi->eti", x, gate_up)
+    if gate_up_bias is not None:
+        h = h + gate_up_bias[:, None, :]
+    if act == "swiglu_clamped":
+        h = clamped_swiglu(h[..., ::2], h[..., 1::2], alpha, limit)
+    else:
+        gate, up = h.chunk(2, dim=-1)
+        h = activation(act)(gate) * up
+    out = torch.einsum("eti,eih->eth", h, down)
+    if down_bias is not None:
+        out = out + down_bias[:, None, :]
+    return torch.einsum("te,eth->th", combine.to(out.dtype), out)

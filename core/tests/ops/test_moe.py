@@ -1,0 +1,115 @@
+"""MoE routing and experts against transformers' gpt-oss and Mixtral blocks with the same weights."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+import transformers.models.gpt_oss.modeling_gpt_oss as gpt_oss
+import transformers.models.mixtral.modeling_mixtral as mixtral
+
+from trnmodels.core import ops
+from trnmodels.core.accuracy import assert_close_three_way
+
+E, H, INTER, K, T = 4, 32, 24, 2, 11
+SEED = 1234
+
+
+def gpt_oss_mlp(dtype=torch.float32) -> gpt_oss.GptOssMLP:
+    config = transformers.GptOssConfig(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_local_experts=E,
+        num_experts_per_tok=K,
+        num_attention_heads=4,
+    )
+    torch.manual_seed(0)
+    mlp = gpt_oss.GptOssMLP(config)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.normal_(0, 0.5)
+    return mlp.to(dtype).eval()
+
+
+def ours_gpt_oss(mlp: gpt_oss.GptOssMLP, x: torch.Tensor, experts: slice = slice(None)) -> torch.Tensor:
+    logits = torch.nn.functional.linear(x, mlp.router.weight, mlp.router.bias)
+    weights, chosen = ops.route(logits, K)
+    first = experts.start or 0
+    ex = mlp.experts
+    gate_up, down = ex.gate_up_proj[experts], ex.down_proj[experts]
+    combine = ops.combine_matrix(weights, chosen, gate_up.shape[0], first)
+    return ops.experts_ffn(
+        x,
+        gate_up,
+        down,
+        combine,
+        gate_up_bias=ex.gate_up_proj_bias[experts],
+        down_bias=ex.down_proj_bias[experts],
+    )
+
+
+def test_gpt_oss_moe_block_fp32():
+    mlp = gpt_oss_mlp()
+    x = torch.randn(T, H)
+    with torch.no_grad():
+        expected, _ = mlp(x[None])
+        torch.testing.assert_close(ours_gpt_oss(mlp, x), expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_gpt_oss_moe_block_bf16_three_way():
+    torch.manual_seed(SEED)
+    x = torch.randn(256, H)  # enough elements for the error histograms to be meaningful
+    with torch.no_grad():
+        expected = gpt_oss_mlp()(x[None])[0][0]
+        baseline = gpt_oss_mlp(torch.bfloat16)(x[None].bfloat16())[0][0]
+        target = ours_gpt_oss(gpt_oss_mlp(torch.bfloat16), x.bfloat16())
+    assert_close_three_way(target, expected, baseline, name="gpt_oss_moe")
+
+
+def test_expert_parallel_partials_sum_to_the_whole():
+    """Two ranks of two experts each: the partial outputs add up to the full block (EP's all-reduce)."""
+    mlp = gpt_oss_mlp()
+    x = torch.randn(T, H)
+    with torch.no_grad():
+        whole = ours_gpt_oss(mlp, x)
+        parts = ours_gpt_oss(mlp, x, slice(0, 2)) + ours_gpt_oss(mlp, x, slice(2, 4))
+    torch.testing.assert_close(parts, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_unchosen_experts_do_not_count():
+    mlp = gpt_oss_mlp()
+    x = torch.randn(T, H)
+    logits = torch.nn.functional.linear(x, mlp.router.weight, mlp.router.bias)
+    _, chosen = ops.route(logits, K)
+    unused = sorted(set(range(E)) - set(chosen.flatten().tolist()))
+    with torch.no_grad():
+        before = ours_gpt_oss(mlp, x)
+        for e in unused:
+            mlp.experts.down_proj[e].fill_(1e6)
+        after = ours_gpt_oss(mlp, x)
+    torch.testing.assert_close(before, after)
+
+
+def test_softmax_first_routing_matches_mixtral():
+    config = transformers.MixtralConfig(
+        hidden_size=H, intermediate_size=INTER, num_local_experts=E, num_experts_per_tok=K
+    )
+    torch.manual_seed(1)
+    router = mixtral.MixtralTopKRouter(config)
+    with torch.no_grad():
+        router.weight.normal_()
+    x = torch.randn(T, H)
+    _, hf_weights, hf_experts = router(x)
+    weights, experts = ops.route(torch.nn.functional.linear(x, router.weight), K, softmax_first=True)
+    assert torch.equal(experts, hf_experts)
+    torch.testing.assert_close(weights, hf_weights.to(weights.dtype))
+
+
+def test_combine_matrix_hand_values():
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4]])
+    experts = torch.tensor([[2, 0], [1, 3]])
+    expected = torch.tensor([[0.3, 0.0, 0.7, 0.0], [0.0, 0.6, 0.0, 0.4]])
+    torch.testing.assert_close(ops.combine_matrix(weights, experts, 4), expected)
+    # The second rank of two holds experts 2 and 3.
+    torch.testing.assert_close(
+        ops.combine_matrix(weights, experts, 2, first_expert=2), torch.tensor([[0.7, 0.0], [0.0, 0.4]])
+    )
