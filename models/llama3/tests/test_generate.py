@@ -178,6 +178,8 @@ def test_cli_generate_json_contract(tmp_path):
     (tmp_path / "blocker").write_text("x")
     bad = run_cli("compile", str(ckpt), "--cache-dir", str(tmp_path / "blocker" / "cache"))
     assert bad.returncode == 2 and "is not writable" in bad.stderr
+    buckets = run_cli("compile", str(ckpt), "--max-num-seqs", "4", "--num-seqs-buckets", "1,2")
+    assert buckets.returncode == 2 and "largest bucket 2 cannot hold max_num_seqs = 4" in buckets.stderr
     too_long = run_cli("generate", str(ckpt), "--prompt", "hi " * 200, "--max-new-tokens", "2")
     assert too_long.returncode == 2 and "more than max_model_len=128" in too_long.stderr
 

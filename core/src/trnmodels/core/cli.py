@@ -31,6 +31,10 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(_token_ids(text))
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -73,6 +77,9 @@ def _runner_config(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
+        num_batched_tokens_buckets=args.num_batched_tokens_buckets,
+        num_seqs_buckets=args.num_seqs_buckets,
+        context_len_buckets=args.context_len_buckets,
     )
 
 
@@ -180,6 +187,13 @@ def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
         "--max-model-len", type=_positive, default=None, help="default: the model's, capped at 512"
     )
     parser.add_argument("--block-size", type=_positive, default=32)
+    for name in ("num-batched-tokens", "num-seqs", "context-len"):
+        parser.add_argument(
+            f"--{name}-buckets",
+            type=_int_list,
+            default=None,
+            help="comma-separated, ascending (default: powers of two)",
+        )
     parser.add_argument(
         "--cache-dir", default=None, help="compiled artifacts (default: $TRNMODELS_CACHE_DIR or ~/.cache)"
     )

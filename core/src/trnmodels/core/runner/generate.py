@@ -26,8 +26,12 @@ def runner_config_for(
     max_num_seqs: int = 8,
     max_model_len: int | None = None,
     block_size: int = 32,
+    num_batched_tokens_buckets: tuple[int, ...] | None = None,
+    num_seqs_buckets: tuple[int, ...] | None = None,
+    context_len_buckets: tuple[int, ...] | None = None,
 ) -> RunnerConfig:
-    """The runner config a command uses by default: ``max_model_len`` is the model's context, capped."""
+    """The runner config a command uses: ``max_model_len`` defaults to the model's context, capped;
+    bucket lists default to powers of two (see ``RunnerConfig``)."""
     raw = read_config_dict(checkpoint_dir)
     context = raw.get("max_position_embeddings") or raw.get("text_config", {}).get("max_position_embeddings")
     if max_model_len is None:
@@ -36,7 +40,14 @@ def runner_config_for(
         raise ConfigError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={context}"
         )
-    return RunnerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size)
+    return RunnerConfig(
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_batched_tokens_buckets=num_batched_tokens_buckets,
+        num_seqs_buckets=num_seqs_buckets,
+        context_len_buckets=context_len_buckets,
+    )
 
 
 @dataclass(frozen=True)
