@@ -1,23 +1,20 @@
-"""Which nki-library kernel backs which functional op. Imported only where the SDK imports.
+"""Which nki-library kernel each functional op targets on Trainium.
 
-Each entry is ``op name -> (module, attribute)``; the kernel is resolved lazily the first time the op
-dispatches to it. A model that needs a kernel not listed here (phase 2 of onboarding) adds a binding with
-``bind_kernel`` from its own package, under the same kernel-selection switch.
+A kernel does not take our op's arguments as they are: it has its own layouts (for example
+``[128, B×S, H/128]`` tiles) and writes into output tensors. So a kernel runs only once an adapter that
+converts our op's arguments to the kernel's and back is registered for the op with
+``trnmodels.core.ops.register_nki(op, adapter)``. No adapter ships in this release, because nothing on
+the machines this project is built on can run or check one; until one is registered, every op runs its
+PyTorch reference, on Neuron as elsewhere.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-
-NKILIB_BINDINGS: dict[str, tuple[str, str]] = {
-    "rms_norm": ("nkilib.core.normalization", "rmsnorm"),
-    "gated_mlp": ("nkilib.core.mlp", "mlp"),
-    "prefill_attention": ("nkilib.core.attention", "attention_cte"),
-    "decode_attention": ("nkilib.core.attention", "attention_tkg"),
+# op name -> (nki-library module, kernel function)
+NKILIB_KERNELS: dict[str, tuple[str, str]] = {
+    "rms_norm": ("nkilib.core.subkernels.rmsnorm_tkg", "rmsnorm_tkg"),
+    "gated_mlp": ("nkilib.core.mlp.mlp", "mlp"),
+    "prefill_attention": ("nkilib.core.attention.attention_cte", "attention_cte"),
+    "decode_attention": ("nkilib.core.attention.attention_tkg", "attention_tkg"),
+    "experts_ffn": ("nkilib.core.moe.moe_tkg.moe_tkg", "moe_tkg"),
 }
-
-
-def resolve(op: str) -> Callable[..., object]:
-    module, attr = NKILIB_BINDINGS[op]
-    return getattr(importlib.import_module(module), attr)

@@ -1,7 +1,8 @@
 """Kernel dispatch: every functional op has a PyTorch reference, and an NKI kernel where one can run.
 
-The rule: the NKI implementation is used only when the Neuron SDK imports, a kernel is bound for the op,
-the op's first tensor lives on a Neuron device, and the op's own shape predicate accepts the call.
+The rule: the NKI implementation is used only when the Neuron SDK imports, an NKI adapter is registered
+for the op (``register_nki``; see ``neuron.kernels`` for the kernel each op targets), the op's first
+tensor lives on a Neuron device, and the op's own shape predicate accepts the call.
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
 forcing ``nki`` where it cannot run raises instead of silently falling back.
 """
@@ -58,16 +59,8 @@ def register_nki(op: str, impl: Callable[..., Any]) -> None:
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:
-    if op in _nki_impls:
-        return _nki_impls[op]
-    if not neuron.sdk_available():
-        return None
-    from ..neuron import kernels
-
-    if op not in kernels.NKILIB_BINDINGS:
-        return None
-    _nki_impls[op] = kernels.resolve(op)
-    return _nki_impls[op]
+    # Only explicitly registered adapters: a raw nki-library kernel does not take our op's layouts.
+    return _nki_impls.get(op) if neuron.sdk_available() else None
 
 
 def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
@@ -84,7 +77,7 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
             )
         if _nki_impl(op) is None:
             raise BackendUnavailableError(
-                f"{op}: backend 'nki' forced, but no NKI kernel is bound for this op"
+                f"{op}: backend 'nki' forced, but no NKI kernel adapter is registered for this op"
             )
         if not on_device:
             device = first.device if first is not None else None
