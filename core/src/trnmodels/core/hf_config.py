@@ -50,11 +50,3 @@ def load_hf_config(checkpoint_dir: str | Path, required: Iterable[str] = ()) -> 
         return AutoConfig.from_pretrained(str(checkpoint_dir), local_files_only=True)
     except Exception as e:  # transformers 5 raises huggingface_hub validation errors, not ValueError
         raise ConfigError(f"{path}: transformers cannot build a config from it: {e}") from None
-
-
-def architecture_of(config: PretrainedConfig, path: str | Path = CONFIG_NAME) -> str:
-    """The single architecture a checkpoint declares (``architectures[0]``)."""
-    archs = getattr(config, "architectures", None)
-    if not archs:
-        raise ConfigError(f"{path}: missing required field 'architectures'")
-    return archs[0]

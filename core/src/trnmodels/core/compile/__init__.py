@@ -1,7 +1,15 @@
 """Ahead-of-time compilation of every bucket graph, with a persistent, shared artifact cache."""
 
 from .cache import ArtifactCache, CorruptArtifactWarning
-from .driver import CompileError, CompileTarget, GraphResult, compile_all, compile_graph, graph_key
+from .driver import (
+    CompileError,
+    CompileTarget,
+    GraphResult,
+    compile_all,
+    compile_graph,
+    graph_key,
+    graph_keys,
+)
 from .load import load_compiled_graphs
 
 __all__ = [
@@ -13,5 +21,6 @@ __all__ = [
     "compile_all",
     "compile_graph",
     "graph_key",
+    "graph_keys",
     "load_compiled_graphs",
 ]

@@ -81,22 +81,31 @@ class GraphResult:
     path: str
 
 
-def graph_key(target: CompileTarget, spec: GraphSpec) -> tuple[str, dict[str, Any]]:
+def graph_keys(
+    target: CompileTarget, specs: Iterable[GraphSpec]
+) -> dict[GraphSpec, tuple[str, dict[str, Any]]]:
+    """Cache keys of ``specs``, reading the checkpoint's config and hashing the source once."""
     # The full config as transformers reads it, so a bundled config.json and a saved checkpoint of the
     # same model (which spells out every default) share their artifacts.
     config = load_hf_config(target.checkpoint_dir).to_dict()
     plugin = plugin_for_architecture((config.get("architectures") or ["?"])[0])
-    plugin_package = importlib.import_module(plugin.package)
-    core_package = importlib.import_module("trnmodels.core")
-    return cache_key(
-        model_config=config,
-        runtime_config=target.runtime_fields(),
-        graph=spec.phase,
-        bucket=spec.bucket,
-        dtype=target.dtype,
-        compiler_flags=dict(COMPILER_FLAGS),
-        source=source_digest(core_package, plugin_package),
-    )
+    source = source_digest(importlib.import_module("trnmodels.core"), importlib.import_module(plugin.package))
+    return {
+        spec: cache_key(
+            model_config=config,
+            runtime_config=target.runtime_fields(),
+            graph=spec.phase,
+            bucket=spec.bucket,
+            dtype=target.dtype,
+            compiler_flags=dict(COMPILER_FLAGS),
+            source=source,
+        )
+        for spec in specs
+    }
+
+
+def graph_key(target: CompileTarget, spec: GraphSpec) -> tuple[str, dict[str, Any]]:
+    return graph_keys(target, [spec])[spec]
 
 
 def build_model_for_tracing(target: CompileTarget) -> torch.nn.Module:
@@ -204,9 +213,8 @@ def compile_all(
     cache = ArtifactCache(cache_dir)
     results: dict[GraphSpec, GraphResult] = {}
     misses: dict[GraphSpec, tuple[str, dict[str, Any]]] = {}
-    for spec in specs:
+    for spec, keyed in graph_keys(target, specs).items():
         start = time.perf_counter()
-        keyed = graph_key(target, spec)
         path = cache.lookup(keyed[0])
         if path is None:
             misses[spec] = keyed

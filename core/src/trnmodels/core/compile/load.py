@@ -9,7 +9,7 @@ import torch
 
 from ..runner.graphs import GraphSpec, all_graph_specs
 from .cache import ARTIFACT, ArtifactCache, CorruptArtifactWarning
-from .driver import CompileTarget, graph_key
+from .driver import CompileTarget, graph_keys
 
 
 def _constants(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -28,8 +28,7 @@ def load_compiled_graphs(
     cache = ArtifactCache(cache_dir)
     constants = _constants(model)
     graphs: dict[GraphSpec, Callable[..., torch.Tensor]] = {}
-    for spec in all_graph_specs(target.runner):
-        key, _ = graph_key(target, spec)
+    for spec, (key, _) in graph_keys(target, all_graph_specs(target.runner)).items():
         path = cache.lookup(key)
         if path is None:
             continue

@@ -114,7 +114,9 @@ class SafetensorsCheckpoint:
             stored = set(self._open(file).keys())
             absent = [k for k, f in weight_map.items() if f == file and k not in stored]
             if absent:
-                raise CheckpointError(f"{self.dir / file}: index lists keys the file lacks: {_first(absent)}")
+                raise CheckpointError(
+                    f"{self.dir / file}: index lists keys the file lacks: {first_names(absent)}"
+                )
         return dict(weight_map)
 
     def _open(self, file: str) -> SafetensorsFile:
@@ -143,6 +145,6 @@ class SafetensorsCheckpoint:
         return CheckpointTensor(key, str(self.dir / file), tuple(source.get_shape()), source)
 
 
-def _first(items: list[str], n: int = 10) -> str:
+def first_names(items: list[str], n: int = 10) -> str:
     shown = ", ".join(items[:n])
     return shown if len(items) <= n else f"{shown}, … ({len(items)} in all)"

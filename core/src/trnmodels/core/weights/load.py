@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
-from .checkpoint import Checkpoint, CheckpointTensor, _first
+from .checkpoint import Checkpoint, CheckpointTensor, first_names
 from .loaders import get_weight_loader
 
 KeyMap = Mapping[str, str | list[str]]
@@ -36,8 +36,8 @@ def check_key_coverage(
             + "; ".join(
                 s
                 for s in (
-                    unmapped and f"parameters with no checkpoint key: {_first(unmapped)}",
-                    stale and f"mapped names that are not parameters: {_first(stale)}",
+                    unmapped and f"parameters with no checkpoint key: {first_names(unmapped)}",
+                    stale and f"mapped names that are not parameters: {first_names(stale)}",
                 )
                 if s
             )
@@ -48,9 +48,9 @@ def check_key_coverage(
     unexpected = sorted(k for k in present - wanted if not any(fnmatch.fnmatchcase(k, p) for p in ignore))
     problems = []
     if missing:
-        problems.append(f"missing keys: {_first(missing)}")
+        problems.append(f"missing keys: {first_names(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys: {_first(unexpected)}")
+        problems.append(f"unexpected keys: {first_names(unexpected)}")
     if problems:
         raise CheckpointError(f"checkpoint {checkpoint.name} does not fit the model: " + "; ".join(problems))
 
