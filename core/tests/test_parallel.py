@@ -148,8 +148,8 @@ def test_qkv_parallel_heads_per_rank(tp2, kv):
 
 @pytest.fixture
 def single():
-    tp = init_parallel_state(1)
-    yield tp
+    init_parallel_state(1)
+    yield get_tp_group()
     destroy_parallel_state()
 
 

@@ -1,7 +1,8 @@
 """Run a function on N local ranks over gloo (the CPU stand-in for a Trainium instance's cores).
 
-``run_on_ranks(fn, world_size, *args)`` spawns the ranks, initialises torch.distributed on loopback and
-the parallel state, and returns rank 0's result. A failing rank's traceback is raised in the caller.
+``run_on_ranks(fn, world, *args)`` spawns the ranks, initialises torch.distributed on loopback and
+the parallel state, and returns rank 0's result. ``world`` is a rank count (all TP) or a
+``ParallelLayout`` (TP x EP x CP x CFG mesh). A failing rank's traceback is raised in the caller.
 World size 1 runs in-process with no process group.
 """
 
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .state import destroy_parallel_state, init_parallel_state
+from .state import ParallelLayout, destroy_parallel_state, init_parallel_state
 
 T = TypeVar("T")
 
@@ -29,16 +30,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _init_layout(layout: ParallelLayout) -> None:
+    init_parallel_state(layout.tp, ep_degree=layout.ep, cp_degree=layout.cp, cfg_degree=layout.cfg)
+
+
 def _rank_main(
-    rank: int, world_size: int, port: int, result_path: str, fn: Callable[..., Any], args: tuple
+    rank: int, layout: ParallelLayout, port: int, result_path: str, fn: Callable[..., Any], args: tuple
 ) -> None:
+    world_size = layout.world_size
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     # Ranks share the host's cores; more threads than that per rank only contend.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        init_parallel_state(world_size)
+        _init_layout(layout)
         result = fn(rank, world_size, *args)
         if rank == 0:
             torch.save(result, result_path)
@@ -49,16 +55,18 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def run_on_ranks(fn: Callable[..., T], world_size: int, *args: Any) -> T:
+def run_on_ranks(fn: Callable[..., T], world: int | ParallelLayout, *args: Any) -> T:
     """Call ``fn(rank, world_size, *args)`` on every rank; ``fn`` must be importable (module level)."""
+    layout = world if isinstance(world, ParallelLayout) else ParallelLayout(tp=world)
+    world_size = layout.world_size
     if world_size == 1:
-        init_parallel_state(1)
+        _init_layout(layout)
         return fn(0, 1, *args)
     with tempfile.TemporaryDirectory(prefix="trnmodels-ranks-") as tmp:
         result_path = str(Path(tmp) / "rank0.pt")
         mp.start_processes(
             _rank_main,
-            args=(world_size, _free_port(), result_path, fn, args),
+            args=(layout, _free_port(), result_path, fn, args),
             nprocs=world_size,
             join=True,
             start_method="spawn",
