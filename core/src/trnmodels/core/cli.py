@@ -1,10 +1,12 @@
 """The ``trnmodels`` command line.
 
-- ``trnmodels logits CHECKPOINT_DIR --token-ids 1,2,3 [--prefill-len K] [--tp N] [--dtype D] --out F``
+- ``trnmodels logits CHECKPOINT_DIR --token-ids 1,2,3 [--prefill-len K] [--tp N] [--ep N] [--dtype D] --out F``
 - ``trnmodels generate CHECKPOINT_DIR --prompt TEXT [--prompt TEXT ...] --max-new-tokens N [--tp N]
-  [--dtype D] [--temperature T --top-k K --top-p P --seed S] [--eager]``
-- ``trnmodels compile CHECKPOINT_DIR [--tp N] [--cache-dir D] [--jobs J]``
+  [--ep N] [--dtype D] [--temperature T --top-k K --top-p P --seed S] [--eager]``
+- ``trnmodels compile CHECKPOINT_DIR [--tp N] [--ep N] [--cache-dir D] [--jobs J]``
 - ``trnmodels info``
+
+``--ep`` splits MoE experts over ranks; a run uses ``tp * ep`` local ranks.
 
 Every command takes ``--json``. Errors a user can cause print one line naming the problem and exit 2.
 """
@@ -52,7 +54,7 @@ def cmd_logits(args: argparse.Namespace) -> dict:
     if not out.parent.exists():
         raise TrnModelsError(f"--out: directory {out.parent} does not exist")
     logits = score_checkpoint(
-        args.checkpoint_dir, args.token_ids, args.prefill_len, tp=args.tp, dtype=args.dtype
+        args.checkpoint_dir, args.token_ids, args.prefill_len, tp=args.tp, ep=args.ep, dtype=args.dtype
     )
     # Write beside the target and rename, so an interrupted run never leaves a partial file.
     tmp = out.with_name(out.name + ".partial")
@@ -65,6 +67,7 @@ def cmd_logits(args: argparse.Namespace) -> dict:
         "prefill_len": prefill,
         "decode_steps": len(args.token_ids) - prefill,
         "tp": args.tp,
+        "ep": args.ep,
         "dtype": args.dtype,
     }
 
@@ -101,6 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
         params,
         runner=_runner_config(args),
         tp=args.tp,
+        ep=args.ep,
         dtype=args.dtype,
         cache_dir=args.cache_dir,
         eager=args.eager,
@@ -114,7 +118,9 @@ def cmd_compile(args: argparse.Namespace) -> dict:
     from .compile import CompileTarget, compile_all
     from .runner.graphs import all_graph_specs
 
-    target = CompileTarget(str(args.checkpoint_dir), _runner_config(args), tp=args.tp, dtype=args.dtype)
+    target = CompileTarget(
+        str(args.checkpoint_dir), _runner_config(args), tp=args.tp, dtype=args.dtype, ep=args.ep
+    )
     specs = all_graph_specs(target.runner)
     with tqdm(total=len(specs), desc="compiling graphs", unit="graph", disable=None) as bar:
 
@@ -174,13 +180,21 @@ def _print_human(command: str, result: dict) -> None:
     elif command == "logits":
         print(
             f"wrote logits {result['shape']} to {result['out']} "
-            f"(prefill {result['prefill_len']}, decode steps {result['decode_steps']}, tp {result['tp']}, {result['dtype']})"
+            f"(prefill {result['prefill_len']}, decode steps {result['decode_steps']}, "
+            f"tp {result['tp']}, ep {result['ep']}, {result['dtype']})"
         )
+
+
+def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (local gloo ranks)")
+    parser.add_argument(
+        "--ep", type=_positive, default=1, help="expert-parallel degree for MoE models; ranks = tp * ep"
+    )
 
 
 def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that shape the graphs: generate and compile must agree on them to share artifacts."""
-    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (local gloo ranks)")
+    _add_parallel_flags(parser)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--max-num-seqs", type=_positive, default=8)
     parser.add_argument(
@@ -212,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     logits.add_argument(
         "--prefill-len", type=_positive, default=None, help="ids run as one prefill (default: all)"
     )
-    logits.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (local gloo ranks)")
+    _add_parallel_flags(logits)
     logits.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     logits.add_argument("--out", required=True, help="output .safetensors file (tensor 'logits', [T, vocab])")
     logits.add_argument("--json", action="store_true", help="machine-readable output")
@@ -238,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--jobs", type=_positive, default=1, help="graphs compiled in parallel processes")
     _add_runtime_flags(compile_)
     compile_.set_defaults(run=cmd_compile)
+
+    from .diffusion.video_cli import add_video_parser  # `trnmodels video` (prints its own human output)
+
+    add_video_parser(sub)
 
     info = sub.add_parser("info", help="installed plugins, their versions and architectures")
     info.add_argument("--json", action="store_true", help="machine-readable output")

@@ -89,6 +89,15 @@ def write_kv(
     v_cache[blocks, :, offsets] = v.to(v_cache.dtype)
 
 
+def read_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K/V at ``slots [T]`` as ``[T, Hkv, D]`` each: the inverse of ``write_kv``."""
+    block_size = k_cache.shape[2]
+    blocks, offsets = slots // block_size, slots % block_size
+    return k_cache[blocks, :, offsets], v_cache[blocks, :, offsets]
+
+
 def read_sequence_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """One sequence's first ``length`` cached entries as ``[num_kv_heads, length, head_dim]``."""
     positions = torch.arange(length)

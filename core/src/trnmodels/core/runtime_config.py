@@ -31,11 +31,13 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 class NeuronConfig:
     """Runtime settings shared by every plugin.
 
-    ``tp_degree`` splits attention heads and MLP width over ranks. ``block_size`` is the paged KV cache's
+    ``tp_degree`` splits attention heads and MLP width over ranks; ``ep_degree`` splits MoE experts (the
+    world size is ``tp_degree * ep_degree``; see ``parallel.state.ParallelLayout``). ``block_size`` is the paged KV cache's
     tokens per block. ``kernel_backend`` forces ``torch`` or ``nki`` ops; ``auto`` picks per tensor.
     """
 
     tp_degree: int = 1
+    ep_degree: int = 1
     dtype: torch.dtype = torch.float32
     block_size: int = 32
     max_model_len: int = 2048
@@ -45,6 +47,8 @@ class NeuronConfig:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         if not isinstance(self.tp_degree, int) or self.tp_degree < 1:
             raise ConfigError(f"tp_degree: expected a positive integer, got {self.tp_degree}")
+        if not isinstance(self.ep_degree, int) or self.ep_degree < 1:
+            raise ConfigError(f"ep_degree: expected a positive integer, got {self.ep_degree}")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ConfigError(f"block_size: expected a positive integer, got {self.block_size}")
         if self.kernel_backend not in ("auto", "torch", "nki"):

@@ -139,9 +139,20 @@ def make_checkpoint(plugin_name: str, out_dir: str | Path, seed: int = 0) -> dic
     files = shard_files(out_dir)
     if len(files) < 2:
         raise RuntimeError(f"expected a sharded checkpoint, got {[f.name for f in files]}")
+    expert_params = [p for name, p in model.named_parameters() if ".experts." in name]
+    experts = (
+        {
+            "num_experts": config.num_local_experts,
+            "experts_per_token": config.num_experts_per_tok,
+            "expert_bytes": sum(p.numel() * p.element_size() for p in expert_params),
+        }
+        if getattr(config, "num_local_experts", None)
+        else None
+    )
     return {
         "dir": str(out_dir),
         "architecture": config.architectures[0],
+        "experts": experts,
         "num_parameters": sum(p.numel() for p in params),
         "parameter_bytes": param_bytes,
         "bytes": sum(f.stat().st_size for f in files),

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .. import neuron
 from ..errors import TrnModelsError
 from ..hf_config import load_hf_config
-from ..parallel.state import destroy_parallel_state, init_parallel_state
+from ..parallel.state import ParallelLayout, destroy_parallel_state, init_parallel_state
 from ..plugins import plugin_for_architecture
 from ..runner.config import RunnerConfig
 from ..runner.graphs import (
@@ -43,7 +43,13 @@ from ..runtime_config import NeuronConfig
 from .cache import ArtifactCache
 from .key import cache_key, source_digest
 
-COMPILER_FLAGS: dict[str, Any] = {"aot_inductor.package_constants_in_so": False}
+COMPILER_FLAGS: dict[str, Any] = {
+    "aot_inductor.package_constants_in_so": False,
+    # Inductor otherwise inlines small weights (0-dim or a few elements, e.g. Gemma 4's per-layer
+    # `layer_scalar`) into the code with the tracing model's values; every weight must stay a constant
+    # bound at load time, or one artifact could not serve every checkpoint.
+    "always_keep_tensor_constants": True,
+}
 
 
 class CompileError(TrnModelsError):
@@ -52,23 +58,29 @@ class CompileError(TrnModelsError):
 
 @dataclass(frozen=True)
 class CompileTarget:
-    """What to compile: a checkpoint's model at a TP degree and dtype, shaped by a runner config."""
+    """What to compile: a checkpoint's model at a TP (and EP) degree and dtype, shaped by a runner config."""
 
     checkpoint_dir: str
     runner: RunnerConfig
     tp: int = 1
     dtype: str = "float32"
+    ep: int = 1
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(tp=self.tp, ep=self.ep)
 
     def neuron_config(self) -> NeuronConfig:
         return NeuronConfig(
             tp_degree=self.tp,
+            ep_degree=self.ep,
             dtype=self.dtype,
             block_size=self.runner.block_size,
             max_model_len=self.runner.max_model_len,
         )
 
     def runtime_fields(self) -> dict[str, Any]:
-        return {"tp": self.tp, "dtype": self.dtype, **dataclasses.asdict(self.runner)}
+        return {"tp": self.tp, "ep": self.ep, "dtype": self.dtype, **dataclasses.asdict(self.runner)}
 
 
 @dataclass(frozen=True)
@@ -136,43 +148,51 @@ def _step_for(model: torch.nn.Module, spec: GraphSpec) -> torch.nn.Module:
 
 
 class _TracingGroup:
-    """A fake process group of the target's size, so TP collectives trace without peers."""
+    """A fake process group of the target's mesh, so TP/EP collectives trace without peers."""
 
-    def __init__(self, tp: int):
-        self.tp = tp
+    def __init__(self, layout: ParallelLayout):
+        self.layout = layout
 
     def __enter__(self) -> None:
-        if self.tp > 1:
+        world = self.layout.world_size
+        if world > 1:
             from torch.testing._internal.distributed.fake_pg import FakeStore
 
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.tp)
-        init_parallel_state(self.tp)
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        init_parallel_state(self.layout.tp, ep_degree=self.layout.ep)
 
     def __exit__(self, *exc: object) -> None:
         destroy_parallel_state()
-        if self.tp > 1:
+        if self.layout.world_size > 1:
             dist.destroy_process_group()
 
 
 def _compile_to(target: CompileTarget, spec: GraphSpec, path: Path) -> None:
-    with _TracingGroup(target.tp), torch.no_grad():
+    with _TracingGroup(target.layout), torch.no_grad():
         model = build_model_for_tracing(target)
         step = _step_for(model, spec)
         args = example_inputs(
             spec, target.runner, model.vocab_size, flat_caches(step.kv_spec, target.runner.num_blocks)
         )
-        if neuron.sdk_available():
-            from .neuron import compile_for_neuron
+        compile_module(step, args, path, spec.name)
 
-            compile_for_neuron(step, args, path)
-            return
-        program = capture(step, args, spec.name)
-        try:
-            # A copy: AOTInductor adds its own entries to the dict it is given, which would change keys.
-            flags = dict(COMPILER_FLAGS)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=flags)
-        except Exception as e:
-            raise CompileError(f"{spec.name}: AOTInductor failed: {e}") from e
+
+def compile_module(step: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, name: str) -> None:
+    """Capture ``step`` whole on ``args`` and compile it into ``path``, weights left out of the artifact.
+
+    Shared by the bucket graphs here and the per-component graphs of diffusion pipelines."""
+    if neuron.sdk_available():
+        from .neuron import compile_for_neuron
+
+        compile_for_neuron(step, args, path)
+        return
+    program = capture(step, args, name)
+    try:
+        # A copy: AOTInductor adds its own entries to the dict it is given, which would change keys.
+        flags = dict(COMPILER_FLAGS)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=flags)
+    except Exception as e:
+        raise CompileError(f"{name}: AOTInductor failed: {e}") from e
 
 
 def compile_graph(

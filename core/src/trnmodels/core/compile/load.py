@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,6 +18,18 @@ def _constants(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # The step modules hold the model as ``self.model``: the exported constants carry that prefix.
     named = dict(model.named_parameters()) | dict(model.named_buffers())
     return {f"model.{name}": t for name, t in named.items()}
+
+
+def load_compiled_module(path: str | Path, module: torch.nn.Module) -> Callable[..., Any]:
+    """A package compiled from ``module`` itself, with ``module``'s weights bound by name (shared, not
+    copied). Raises if the package cannot load or names a weight ``module`` lacks."""
+    loader = torch._inductor.aoti_load_package(str(path))
+    named = dict(module.named_parameters()) | dict(module.named_buffers())
+    wanted = set(loader.get_constant_fqns())
+    loader.load_constants(
+        {k: v for k, v in named.items() if k in wanted}, check_full_update=True, user_managed=True
+    )
+    return loader
 
 
 def load_compiled_graphs(

@@ -10,7 +10,8 @@ from .. import ops
 
 class RMSNorm(nn.Module):
     """RMSNorm; ``weight_offset=1.0`` for checkpoints that store ``w`` of a ``(1 + w)`` scale (Gemma);
-    ``with_scale=False`` for a scale-free norm."""
+    ``with_scale=False`` for a scale-free norm; ``scale_in_float32=True`` applies a plain ``w`` in float32
+    before the cast (Gemma 4)."""
 
     def __init__(
         self,
@@ -19,15 +20,17 @@ class RMSNorm(nn.Module):
         *,
         weight_offset: float = 0.0,
         with_scale: bool = True,
+        scale_in_float32: bool = False,
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
         self.eps = eps
         self.weight_offset = weight_offset
+        self.scale_in_float32 = scale_in_float32
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps, self.weight_offset)
+        return ops.rms_norm(x, self.weight, self.eps, self.weight_offset, self.scale_in_float32)
 
 
 class LayerNorm(nn.Module):

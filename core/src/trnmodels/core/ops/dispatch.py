@@ -28,6 +28,7 @@ ENV_VAR = "TRNMODELS_KERNEL_BACKEND"
 
 _forced: str | None = None
 _nki_impls: dict[str, Callable[..., Any]] = {}
+_nki_supports: dict[str, Callable[..., bool]] = {}
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
@@ -51,11 +52,19 @@ def use_backend(mode: str) -> Iterator[None]:
         _forced = previous
 
 
-def register_nki(op: str, impl: Callable[..., Any]) -> None:
-    """Bind an NKI implementation to an op (done by the Neuron layer, or a plugin for its own kernels)."""
+def register_nki(op: str, impl: Callable[..., Any], supports: Callable[..., bool] | None = None) -> None:
+    """Bind an NKI implementation to an op (done by the Neuron layer, or a plugin for its own kernels).
+
+    ``supports(*args, **kwargs)`` is the adapter's own shape predicate (e.g. a kernel's head-size limit):
+    calls it rejects run the PyTorch reference under ``auto`` and are an error under forced ``nki``.
+    """
     if op not in _REFERENCES:
         raise ConfigError(f"register_nki: unknown op {op!r}; known ops: {sorted(_REFERENCES)}")
     _nki_impls[op] = impl
+    if supports is None:
+        _nki_supports.pop(op, None)
+    else:
+        _nki_supports[op] = supports
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:
@@ -70,6 +79,7 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
         return "torch"
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     on_device = neuron.is_neuron_tensor(first)
+    adapter_supports = _nki_supports.get(op)
     if mode == "nki":
         if not neuron.sdk_available():
             raise BackendUnavailableError(
@@ -84,8 +94,17 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
             raise BackendUnavailableError(
                 f"{op}: backend 'nki' forced, but the input is on {device}, not Neuron"
             )
+        if adapter_supports is not None and not adapter_supports(*args, **kwargs):
+            raise BackendUnavailableError(
+                f"{op}: backend 'nki' forced, but the registered kernel adapter does not support this call"
+            )
         return "nki"
-    if on_device and _nki_impl(op) is not None and (supports is None or supports(*args, **kwargs)):
+    if (
+        on_device
+        and _nki_impl(op) is not None
+        and (supports is None or supports(*args, **kwargs))
+        and (adapter_supports is None or adapter_supports(*args, **kwargs))
+    ):
         return "nki"
     return "torch"
 

@@ -10,19 +10,29 @@ from .dispatch import kernel_op
 
 @kernel_op("rms_norm")
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    weight_offset: float = 0.0,
+    scale_in_float32: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dim, statistics in float32.
 
     ``weight_offset=1.0`` is the Gemma form (checkpoints store ``w`` and the scale is ``1 + w``), applied in
     float32 before the cast as Gemma does; the plain form casts first and then scales, as Llama does, so
-    both round exactly like their references in BF16. ``weight=None`` is a scale-free norm (Gemma 4 v_norm).
+    both round exactly like their references in BF16. ``scale_in_float32`` keeps the plain ``w`` scale but
+    applies it in float32 before the cast (Gemma 4's norms). ``weight=None`` is a scale-free norm (Gemma 4
+    v_norm).
     """
     dtype = x.dtype
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is None:
         return normed.to(dtype)
+    if scale_in_float32 and not weight_offset:
+        # Type promotion applies ``w`` in float32. No weight-only subexpression (like ``w.float()``) is
+        # written, because AOT compilation would constant-fold it from the tracing model's weights.
+        return (normed * weight).to(dtype)
     if weight_offset:
         return (normed * (weight_offset + weight.float())).to(dtype)
     return weight * normed.to(dtype)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..errors import TrnModelsError
 from .state import ParallelLayout, destroy_parallel_state, init_parallel_state
 
 T = TypeVar("T")
@@ -45,7 +46,14 @@ def _rank_main(
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         _init_layout(layout)
-        result = fn(rank, world_size, *args)
+        try:
+            result = fn(rank, world_size, *args)
+        except TrnModelsError as e:
+            # A user error (bad config, bad checkpoint): hand it to the caller as itself, not as a
+            # traceback from a child process. Every rank raises the same one; the first write wins.
+            if not os.path.exists(_error_path(result_path)):
+                torch.save(e, _error_path(result_path))
+            raise
         if rank == 0:
             torch.save(result, result_path)
         # Tear down together: a rank that exits while a peer still talks to it aborts the peer.
@@ -53,6 +61,10 @@ def _rank_main(
     finally:
         destroy_parallel_state()
         dist.destroy_process_group()
+
+
+def _error_path(result_path: str) -> str:
+    return result_path + ".error"
 
 
 def run_on_ranks(fn: Callable[..., T], world: int | ParallelLayout, *args: Any) -> T:
@@ -64,11 +76,16 @@ def run_on_ranks(fn: Callable[..., T], world: int | ParallelLayout, *args: Any) 
         return fn(0, 1, *args)
     with tempfile.TemporaryDirectory(prefix="trnmodels-ranks-") as tmp:
         result_path = str(Path(tmp) / "rank0.pt")
-        mp.start_processes(
-            _rank_main,
-            args=(layout, _free_port(), result_path, fn, args),
-            nprocs=world_size,
-            join=True,
-            start_method="spawn",
-        )
+        try:
+            mp.start_processes(
+                _rank_main,
+                args=(layout, _free_port(), result_path, fn, args),
+                nprocs=world_size,
+                join=True,
+                start_method="spawn",
+            )
+        except mp.ProcessRaisedException:
+            if os.path.exists(_error_path(result_path)):
+                raise torch.load(_error_path(result_path), weights_only=False) from None
+            raise
         return torch.load(result_path, weights_only=False)

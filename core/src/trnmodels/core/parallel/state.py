@@ -106,6 +106,13 @@ class ParallelLayout:
             rank = rank * getattr(self, dim) + coords.get(dim, 0)
         return rank
 
+    def coord_tensor(self, rank: torch.Tensor, dim: str) -> torch.Tensor:
+        """``coords(rank)[dim]`` computed on a rank *tensor*, so one compiled graph serves every rank."""
+        stride = 1
+        for inner in reversed(MESH_DIMS[MESH_DIMS.index(dim) + 1 :]):
+            stride *= getattr(self, inner)
+        return torch.remainder(torch.div(rank, stride, rounding_mode="floor"), getattr(self, dim))
+
     def group_ranks(self, dim: str) -> list[list[int]]:
         """Every group along ``dim``: the ranks that differ only in their ``dim`` coordinate."""
         others = [d for d in MESH_DIMS if d != dim]

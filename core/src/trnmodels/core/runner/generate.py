@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hf_config import read_config_dict
 from ..parallel.launch import run_on_ranks
+from ..parallel.state import ParallelLayout, get_parallel_layout
 from .config import RunnerConfig, SamplingParams
 from .engine import Generation, Runner
 
@@ -75,7 +76,8 @@ def _generate_on_rank(rank: int, world_size: int, job: GenerateJob) -> dict[str,
     from ..causal_lm import build_model
     from ..compile import CompileTarget, load_compiled_graphs
 
-    target = CompileTarget(job.checkpoint_dir, job.runner, tp=world_size, dtype=job.dtype)
+    layout = get_parallel_layout()
+    target = CompileTarget(job.checkpoint_dir, job.runner, tp=layout.tp, dtype=job.dtype, ep=layout.ep)
     model = build_model(job.checkpoint_dir, target.neuron_config(), progress=rank == 0)
     graphs = {} if job.eager else load_compiled_graphs(target, model, job.cache_dir)
     runner = Runner(
@@ -85,9 +87,9 @@ def _generate_on_rank(rank: int, world_size: int, job: GenerateJob) -> dict[str,
     return {"results": results, "compiled_graphs": len(graphs), "steps": [s.name for s in runner.steps]}
 
 
-def generate_token_ids(job: GenerateJob, tp: int = 1) -> dict[str, Any]:
-    """``{"results": [Generation], "compiled_graphs": n, "steps": [...]}`` from rank 0."""
-    return run_on_ranks(_generate_on_rank, tp, job)
+def generate_token_ids(job: GenerateJob, tp: int = 1, ep: int = 1) -> dict[str, Any]:
+    """``{"results": [Generation], "compiled_graphs": n, "steps": [...]}`` from rank 0 of ``tp * ep``."""
+    return run_on_ranks(_generate_on_rank, ParallelLayout(tp=tp, ep=ep), job)
 
 
 def generate_texts(
@@ -97,6 +99,7 @@ def generate_texts(
     *,
     runner: RunnerConfig | None = None,
     tp: int = 1,
+    ep: int = 1,
     dtype: str = "float32",
     cache_dir: str | None = None,
     eager: bool = False,
@@ -118,7 +121,7 @@ def generate_texts(
         cache_dir,
         eager,
     )
-    out = generate_token_ids(job, tp)
+    out = generate_token_ids(job, tp, ep)
     results: list[Generation] = out["results"]
     outputs = [
         {

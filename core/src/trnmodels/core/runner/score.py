@@ -19,6 +19,7 @@ from ..causal_lm import CausalLM
 from ..errors import InputError
 from ..kv_cache import allocate_kv_cache, read_sequence_kv, slot_mapping
 from ..parallel.launch import run_on_ranks
+from ..parallel.state import ParallelLayout, get_parallel_layout
 
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
@@ -99,20 +100,20 @@ def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
     from ..causal_lm import build_model
     from ..runtime_config import NeuronConfig
 
+    layout = get_parallel_layout()
     results = []
     for job in jobs:
-        model = build_model(
-            job.checkpoint_dir, NeuronConfig(tp_degree=world_size, dtype=job.dtype), progress=rank == 0
-        )
+        config = NeuronConfig(tp_degree=layout.tp, ep_degree=layout.ep, dtype=job.dtype)
+        model = build_model(job.checkpoint_dir, config, progress=rank == 0)
         results.append(
             teacher_forced_logits(model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv)
         )
     return results
 
 
-def score_many(jobs: Sequence[ScoreJob], tp: int = 1) -> list:
-    """Score several jobs in one launch of ``tp`` local ranks (spawning ranks costs seconds)."""
-    return run_on_ranks(_score_on_rank, tp, list(jobs))
+def score_many(jobs: Sequence[ScoreJob], tp: int = 1, ep: int = 1) -> list:
+    """Score several jobs in one launch of ``tp * ep`` local ranks (spawning ranks costs seconds)."""
+    return run_on_ranks(_score_on_rank, ParallelLayout(tp=tp, ep=ep), list(jobs))
 
 
 def score_checkpoint(
@@ -121,9 +122,10 @@ def score_checkpoint(
     prefill_len: int | None = None,
     *,
     tp: int = 1,
+    ep: int = 1,
     dtype: str = "float32",
     return_kv: bool = False,
 ):
-    """Build the checkpoint's model on ``tp`` local ranks and score ``token_ids`` (rank 0's result)."""
+    """Build the checkpoint's model on ``tp * ep`` local ranks and score ``token_ids`` (rank 0's result)."""
     job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv)
-    return score_many([job], tp)[0]
+    return score_many([job], tp, ep)[0]

@@ -66,3 +66,26 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def save_random_checkpoint(
+    config_dir: str | Path, out_dir: str | Path, *, seed: int = 0, with_tokenizer: bool = True
+) -> Path:
+    """Random weights for a bundled ``config.json`` (a plugin's ``tiny``/``bench`` config), saved by
+    transformers, plus a tokenizer trained here whose BOS/EOS/PAD ids (0/1/2) the config must use."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    tokenizer = None
+    if with_tokenizer:
+        tokenizer = train_tokenizer(vocab_size=config.vocab_size)
+        specials = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        declared = (config.bos_token_id, config.eos_token_id, config.pad_token_id)
+        if specials != declared:
+            raise ValueError(
+                f"{config_dir}/config.json: bos/eos/pad_token_id {declared} must be {specials} to match "
+                "the test tokenizer"
+            )
+    torch.manual_seed(seed)
+    return save_checkpoint(AutoModelForCausalLM.from_config(config, dtype=torch.float32), out_dir, tokenizer)

@@ -1,7 +1,7 @@
 """Weight loading from safetensors: lazy per-rank slices through explicit key mappings."""
 
 from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, StateDictCheckpoint
-from .load import KeyMap, check_key_coverage, load_parameters
+from .load import KeyMap, check_key_coverage, load_parameters, prefixed
 from .loaders import (
     WeightLoader,
     concat_sharded,
@@ -27,6 +27,7 @@ __all__ = [
     "kv_head_for_rank",
     "load_parameters",
     "padded_rows",
+    "prefixed",
     "replicated",
     "set_weight_loader",
     "sharded",

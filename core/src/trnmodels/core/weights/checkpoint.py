@@ -85,18 +85,20 @@ class StateDictCheckpoint:
 class SafetensorsCheckpoint:
     """A checkpoint directory of safetensors files, opened lazily."""
 
-    def __init__(self, checkpoint_dir: str | Path):
+    def __init__(self, checkpoint_dir: str | Path, *, stem: str = "model"):
+        """``stem`` names the files: ``model`` (transformers) or ``diffusion_pytorch_model`` (diffusers)."""
         self.dir = Path(checkpoint_dir)
         self.name = str(self.dir)
         self._handles: dict[str, SafetensorsFile] = {}
-        index = self.dir / INDEX_FILE
-        single = self.dir / SINGLE_FILE
+        single_file, index_file = f"{stem}.safetensors", f"{stem}.safetensors.index.json"
+        index = self.dir / index_file
+        single = self.dir / single_file
         if index.is_file():
             self._key_to_file = self._read_index(index)
         elif single.is_file():
-            self._key_to_file = {k: SINGLE_FILE for k in self._open(SINGLE_FILE).keys()}
+            self._key_to_file = {k: single_file for k in self._open(single_file).keys()}
         else:
-            raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
+            raise CheckpointError(f"{self.dir}: no {single_file} or {index_file} found")
 
     def _read_index(self, index: Path) -> dict[str, str]:
         try:

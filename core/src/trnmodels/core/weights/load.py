@@ -19,6 +19,11 @@ from .loaders import get_weight_loader
 KeyMap = Mapping[str, str | list[str]]
 
 
+def prefixed(prefix: str, keys: KeyMap) -> dict[str, str | list[str]]:
+    """A submodule's ``{parameter: checkpoint key(s)}`` mapping, its parameter names under ``prefix``."""
+    return {f"{prefix}{name}": key for name, key in keys.items()}
+
+
 def _as_list(keys: str | list[str]) -> list[str]:
     return [keys] if isinstance(keys, str) else list(keys)
 

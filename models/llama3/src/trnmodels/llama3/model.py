@@ -7,13 +7,11 @@ every parameter names its checkpoint key(s) in ``checkpoint_keys``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from trnmodels.core.attention import AttentionMetadata, PagedAttention, bind_kv_caches, collect_kv_spec
-from trnmodels.core.kv_cache import KVSpec
+from trnmodels.core.attention import AttentionMetadata, PagedAttention
+from trnmodels.core.causal_lm import PagedCausalLM
 from trnmodels.core.modules import GatedMLP, RMSNorm, RotaryEmbedding
 from trnmodels.core.ops import apply_rope
 from trnmodels.core.parallel import (
@@ -24,15 +22,11 @@ from trnmodels.core.parallel import (
     get_tp_group,
 )
 from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.weights import KeyMap, SafetensorsCheckpoint, load_parameters
+from trnmodels.core.weights import KeyMap, prefixed
 
 from .config import LlamaConfig
 
 KeyDict = dict[str, str | list[str]]
-
-
-def prefixed(prefix: str, keys: KeyDict) -> KeyDict:
-    return {f"{prefix}{name}": key for name, key in keys.items()}
 
 
 class LlamaAttention(nn.Module):
@@ -102,10 +96,7 @@ class LlamaDecoderLayer(nn.Module):
         }
 
 
-class LlamaForCausalLM(nn.Module):
-    # Older exports carry RoPE tables; they are recomputed from the config, never loaded.
-    IGNORED_CHECKPOINT_KEYS = ("*.rotary_emb.inv_freq",)
-
+class LlamaForCausalLM(PagedCausalLM):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.config = cfg
@@ -134,15 +125,6 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, attn_metadata)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
-
-    def get_kv_spec(self) -> KVSpec:
-        return collect_kv_spec(self, self.config.block_size)
-
-    def bind_kv_cache(self, caches: dict[str, list[torch.Tensor]]) -> None:
-        bind_kv_caches(self, caches)
-
     def checkpoint_keys(self) -> KeyMap:
         keys: KeyDict = {
             "embed_tokens.weight": "model.embed_tokens.weight",
@@ -156,14 +138,6 @@ class LlamaForCausalLM(nn.Module):
             keys.update(prefixed(f"layers.{i}.", layer.checkpoint_keys(f"model.layers.{i}.")))
         return keys
 
-    def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None:
-        with SafetensorsCheckpoint(checkpoint_dir) as checkpoint:
-            load_parameters(
-                self,
-                checkpoint,
-                self.checkpoint_keys(),
-                rank=self.tp.rank,
-                world_size=self.tp.world_size,
-                ignore=self.IGNORED_CHECKPOINT_KEYS,
-                progress=progress,
-            )
+    def ignored_checkpoint_keys(self) -> tuple[str, ...]:
+        # Older exports carry RoPE tables; they are recomputed from the config, never loaded.
+        return ("*.rotary_emb.inv_freq",)

@@ -1,0 +1,60 @@
+"""The installed diffusion pipelines: every plugin's ``PIPELINE_REGISTRY``, found through entry points.
+
+A diffusion plugin declares ``[project.entry-points."trnmodels.diffusion"] <name> = "<package>:PIPELINE_REGISTRY"``,
+a dict from architecture key (a checkpoint's ``model_index.json`` ``_class_name``, a stage YAML's
+``model_class_name``) to the ``"module:Class"`` of the pipeline serving it. Nothing here imports torch or
+a pipeline module until a class is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+ENTRY_POINT_GROUP = "trnmodels.diffusion"
+
+
+def discover_pipelines() -> dict[str, tuple[str, str]]:
+    """Architecture key -> (plugin name, ``"module:Class"``), over every installed diffusion plugin."""
+    found: dict[str, tuple[str, str]] = {}
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        registry = ep.load()
+        if not isinstance(registry, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in registry.items()
+        ):
+            raise ConfigError(
+                f"entry point {ep.name} = {ep.value}: expected a dict of architecture -> 'module:Class'"
+            )
+        for arch, target in registry.items():
+            found[arch] = (ep.name, target)
+    return found
+
+
+def pipeline_class(architecture: str) -> type[Any]:
+    pipelines = discover_pipelines()
+    if architecture not in pipelines:
+        raise ConfigError(
+            f"architecture {architecture!r} is served by no installed diffusion plugin; "
+            f"installed: {sorted(pipelines) or 'none'}"
+        )
+    module, _, cls = pipelines[architecture][1].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def checkpoint_architecture(checkpoint_dir: str | Path) -> str:
+    """A diffusers checkpoint's ``_class_name`` (from ``model_index.json``)."""
+    path = Path(checkpoint_dir) / "model_index.json"
+    if not path.is_file():
+        raise ConfigError(f"{checkpoint_dir}: no model_index.json (expected a diffusers pipeline checkpoint)")
+    try:
+        name = json.loads(path.read_text()).get("_class_name")
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: no _class_name")
+    return name

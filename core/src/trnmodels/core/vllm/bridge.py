@@ -1,0 +1,111 @@
+"""The vLLM model class for every trnmodels LLM plugin.
+
+vLLM resolves a registered architecture to ``TrnmodelsForCausalLM`` (see ``registration``). It builds the
+plugin's own model through the plugin factory, from the checkpoint's ``config.json`` read by our strict
+loader, swaps its attention modules for vLLM-backed ones (vLLM owns the KV cache and scheduling), and
+loads the weights with the plugin's own key-mapped loaders. vLLM calls it with flat ``input_ids`` and
+``positions`` of the step's scheduled tokens, exactly the padded-flat layout our models take.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.sequence import IntermediateTensors
+
+from ..attention import AttentionMetadata
+from ..causal_lm import CausalLM
+from ..errors import ConfigError, InputError, ShardingError
+from ..hf_config import load_hf_config
+from ..parallel.state import get_tp_group, init_parallel_state
+from ..runtime_config import NeuronConfig
+from .attention import swap_attention
+from .preflight import checkpoint_dir, resolve_plugin
+
+# vLLM configures handlers for its own logger tree only; under it, our lines appear in vLLM's log.
+logger = logging.getLogger("vllm.trnmodels")
+
+
+def init_tensor_parallel() -> int:
+    """Join vLLM's tensor-parallel ranks as trnmodels' TP group; returns the TP degree."""
+    tp = get_tensor_model_parallel_world_size()
+    if tp > 1 and get_tp_group().world_size != tp:
+        world = torch.distributed.get_world_size()
+        if world != tp:
+            raise ShardingError(
+                f"trnmodels under vLLM supports tensor parallelism only (tensor_parallel_size={tp}), "
+                f"but vLLM's world has {world} ranks (pipeline or data parallelism)"
+            )
+        init_parallel_state(tp)
+    return tp
+
+
+class TrnmodelsForCausalLM(nn.Module):
+    """A trnmodels ``CausalLM`` behind vLLM's model interface. ``self.model`` is the plugin's model."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        model_config = vllm_config.model_config
+        self.checkpoint_dir = checkpoint_dir(vllm_config)
+        self.plugin = resolve_plugin(vllm_config)
+        hf_config = load_hf_config(self.checkpoint_dir, self.plugin.required_config_fields)
+        tp = init_tensor_parallel()
+        neuron_config = NeuronConfig(
+            tp_degree=tp,
+            dtype=model_config.dtype,
+            block_size=vllm_config.cache_config.block_size,
+            max_model_len=model_config.max_model_len,
+        )
+        self.model: CausalLM = self.plugin.load_factory()(hf_config, neuron_config)
+        self.attention_layers = swap_attention(self.model, vllm_config, f"{prefix}model.")
+        self.register_buffer(
+            "rank", torch.tensor(get_tensor_model_parallel_rank(), dtype=torch.int64), persistent=False
+        )
+        # The plugin's attention metadata is unused: vLLM's forward context carries the step's layout.
+        self._meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64))
+        logger.info(
+            "trnmodels: %s is served by plugin %s %s (%s.%s, %d vLLM attention layers)",
+            ",".join(hf_config.architectures),
+            self.plugin.name,
+            self.plugin.version,
+            type(self.model).__module__,
+            type(self.model).__qualname__,
+            len(self.attention_layers),
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embed = getattr(self.model, "embed_tokens", None)
+        if embed is None:
+            raise ConfigError(f"plugin {self.plugin.name}: its model has no embed_tokens module")
+        return embed(input_ids, self.rank)
+
+    get_input_embeddings = embed_input_ids
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if intermediate_tensors is not None or inputs_embeds is not None:
+            raise InputError(
+                f"plugin {self.plugin.name}: pipeline parallelism and prompt embeddings are not supported"
+            )
+        return self.model(input_ids, positions, self._meta, self.rank)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load through the plugin's own loaders from the checkpoint directory (each rank reads only its
+        slices); vLLM's iterator, which would read every tensor whole, is left unread."""
+        del weights
+        self.model.load_weights(self.checkpoint_dir, progress=False)
+        # The plugin's loader is strict: it fills every parameter or raises naming what is missing.
+        return {name for name, _ in self.named_parameters()}

@@ -1,0 +1,36 @@
+"""``vllm.LLM`` serves our plugin's model, and with the plugin disabled, vLLM's own: both equal transformers'
+greedy ``generate`` token for token."""
+
+from __future__ import annotations
+
+import transformers
+from vllm_harness import CHATS, PROMPTS, TinyCheckpoint, run_offline
+
+BRIDGE = "trnmodels.core.vllm.bridge.TrnmodelsForCausalLM"
+
+
+def assert_matches_hf(tiny: TinyCheckpoint, result: dict) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny.path)
+    expected_prompts = [tokenizer(p)["input_ids"] for p in PROMPTS] + [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for c in CHATS
+    ]
+    outputs = result["completions"] + result["chats"]
+    assert [o["prompt_token_ids"] for o in outputs] == expected_prompts
+    for out in outputs:
+        assert out["token_ids"] == tiny.hf_greedy(out["prompt_token_ids"]), out["prompt_token_ids"]
+
+
+def test_plugin_serves_and_matches_transformers(tiny: TinyCheckpoint, offline):
+    result = offline
+    assert result["model"]["class"] == BRIDGE
+    assert result["model"]["inner"] == tiny.case.plugin_model
+    assert f"is served by plugin {tiny.plugin}" in result["log"]
+    assert_matches_hf(tiny, result)
+
+
+def test_disabled_plugin_falls_back_to_vllm(tiny: TinyCheckpoint, tmp_path):
+    result = run_offline(tiny.path, tmp_path, TRNMODELS_VLLM_DISABLE=tiny.plugin)
+    assert result["model"]["class"] == tiny.case.vllm_class
+    assert "is served by plugin" not in result["log"]
+    assert_matches_hf(tiny, result)

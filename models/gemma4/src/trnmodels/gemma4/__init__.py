@@ -1,0 +1,17 @@
+"""trnmodels-gemma4: Gemma 4 text generation for vLLM on AWS Trainium.
+
+Serves the language model of the published multimodal checkpoints (``Gemma4ForConditionalGeneration``,
+weights under ``model.language_model.*``) and text-only ``Gemma4ForCausalLM`` exports. Importing this
+package is cheap (no torch); the model is imported when core builds it through ``factory:build``.
+"""
+
+from trnmodels.core.plugins import ModelPlugin
+
+__version__ = "0.1.0"
+
+PLUGIN = ModelPlugin(
+    name="gemma4",
+    architectures=("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
+    factory="trnmodels.gemma4.factory:build",
+    distribution="trnmodels-gemma4",
+)

@@ -1,0 +1,331 @@
+"""Gemma 4's language model on trnmodels core: heterogeneous layers in one short file.
+
+What differs from Llama (see docs/models/gemma4.md):
+
+- each layer is sliding or full attention; full layers have their own head size and KV-head count, and
+  with ``attention_k_eq_v`` take V from the K projection (the fused projection loads K twice);
+- q_norm and k_norm scale, v_norm does not; the attention scale is 1.0;
+- four sandwich norms per layer, and a checkpointed ``layer_scalar`` multiplying its output;
+- RoPE per layer type (default on sliding layers, proportional with partial rotary on full layers);
+- the embedding is scaled by sqrt(hidden) and the logits are softcapped;
+- per-layer embeddings (PLE): a second, packed embedding plus a projection of the first feed each layer;
+- KV sharing: the last ``num_kv_shared_layers`` layers own no cache and read the cache of the last
+  earlier layer of their type (``PagedAttention(kv_sharing_target_layer_name=...)``);
+- MoE (26B-A4B): a dense MLP and a routed expert block run side by side on the same residual.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trnmodels.core import ops
+from trnmodels.core.attention import AttentionMetadata, PagedAttention
+from trnmodels.core.causal_lm import PagedCausalLM
+from trnmodels.core.modules import ExpertsCheckpointFormat, GatedMLP, MoEExperts, RMSNorm, RotaryEmbedding
+from trnmodels.core.ops import apply_rope
+from trnmodels.core.ops.mlp import activation
+from trnmodels.core.parallel import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    get_parallel_layout,
+    get_tp_group,
+    kv_heads_per_rank,
+)
+from trnmodels.core.runtime_config import NeuronConfig
+from trnmodels.core.weights import KeyMap, prefixed
+
+from .config import Gemma4Config, MoEConfig
+
+KeyDict = dict[str, str | list[str]]
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+# Published multimodal checkpoints: the towers and their projections into text space. Serving text, they
+# are recognised and skipped; any other key the model does not map still fails loading.
+TOWER_KEYS = ("model.vision_tower.*", "model.audio_tower.*", "model.embed_vision.*", "model.embed_audio.*")
+
+
+def norm(cfg: Gemma4Config, dim: int, with_scale: bool = True) -> RMSNorm:
+    # Gemma 4 stores the scale itself (not 1 + w) and applies it in float32 before the cast.
+    return RMSNorm(dim, cfg.rms_norm_eps, with_scale=with_scale, scale_in_float32=True, dtype=cfg.dtype)
+
+
+def linear(cfg: Gemma4Config, in_features: int, out_features: int) -> nn.Linear:
+    """A replicated projection (small ones: PLE, router); loaded whole on every rank."""
+    return nn.Linear(in_features, out_features, bias=False, dtype=cfg.dtype).requires_grad_(False)
+
+
+def layer_name(i: int) -> str:
+    return f"layers.{i}.self_attn"
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, cfg: Gemma4Config, layer_idx: int):
+        super().__init__()
+        layer = cfg.layers[layer_idx]
+        tp = get_tp_group()
+        self.head_dim = layer.head_dim
+        self.k_eq_v = layer.k_eq_v
+        self.shares_kv = layer.kv_source is not None
+        self.num_heads = cfg.num_heads // tp.world_size
+        if self.shares_kv:
+            # KV-shared layers have no K/V weights: only queries are projected here.
+            self.q_proj = ColumnParallelLinear(
+                cfg.hidden_size, cfg.num_heads * self.head_dim, dtype=cfg.dtype
+            )
+            num_kv_heads = kv_heads_per_rank(cfg.num_heads, layer.num_kv_heads, tp.world_size)
+        else:
+            self.qkv_proj = QKVParallelLinear(
+                cfg.hidden_size, self.head_dim, cfg.num_heads, layer.num_kv_heads, dtype=cfg.dtype
+            )
+            self.k_norm = norm(cfg, self.head_dim)
+            self.v_norm = norm(cfg, self.head_dim, with_scale=False)
+            num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_norm = norm(cfg, self.head_dim)
+        self.o_proj = RowParallelLinear(cfg.num_heads * self.head_dim, cfg.hidden_size, dtype=cfg.dtype)
+        self.attn = PagedAttention(
+            layer_name(layer_idx),
+            self.num_heads,
+            num_kv_heads,
+            self.head_dim,
+            scale=1.0,  # q_norm and k_norm already fix the logit scale
+            sliding_window=layer.sliding_window,
+            dtype=cfg.dtype,
+            kv_sharing_target_layer_name=layer_name(layer.kv_source) if self.shares_kv else None,
+        )
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata):
+        if self.shares_kv:
+            q, k, v = self.q_proj(x).reshape(x.shape[0], self.num_heads, self.head_dim), None, None
+        else:
+            q, k, v = self.qkv_proj(x)
+            k = apply_rope(self.k_norm(k), cos, sin)
+            v = self.v_norm(v)
+        q = apply_rope(self.q_norm(q), cos, sin)
+        return self.o_proj(self.attn(q, k, v, meta))
+
+    def checkpoint_keys(self, prefix: str) -> KeyDict:
+        keys: KeyDict = {
+            "q_norm.weight": f"{prefix}q_norm.weight",
+            "o_proj.weight": f"{prefix}o_proj.weight",
+        }
+        if self.shares_kv:
+            keys["q_proj.weight"] = f"{prefix}q_proj.weight"
+        else:
+            # attention_k_eq_v: the checkpoint has no v_proj; V is the (un-normed) K projection.
+            v_key = f"{prefix}k_proj.weight" if self.k_eq_v else f"{prefix}v_proj.weight"
+            keys["qkv_proj.weight"] = [f"{prefix}q_proj.weight", f"{prefix}k_proj.weight", v_key]
+            keys["k_norm.weight"] = f"{prefix}k_norm.weight"
+        return keys
+
+
+class Gemma4Router(nn.Module):
+    """Scale-free norm, a learned per-channel scale, softmax over all experts, renormalised top-k, and a
+    learned per-expert scale on the chosen weights."""
+
+    def __init__(self, cfg: Gemma4Config, moe: MoEConfig):
+        super().__init__()
+        self.top_k = moe.top_k
+        self.root_size = cfg.hidden_size**-0.5
+        self.norm = norm(cfg, cfg.hidden_size, with_scale=False)
+        self.proj = linear(cfg, cfg.hidden_size, moe.num_experts)
+        self.scale = nn.Parameter(torch.empty(cfg.hidden_size, dtype=cfg.dtype), requires_grad=False)
+        self.per_expert_scale = nn.Parameter(
+            torch.empty(moe.num_experts, dtype=cfg.dtype), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.proj(self.norm(x) * self.scale * self.root_size)
+        weights, experts = ops.route(logits.float(), self.top_k, softmax_first=True)
+        return weights * self.per_expert_scale[experts], experts
+
+    @staticmethod
+    def checkpoint_keys(prefix: str) -> KeyDict:
+        return {name: f"{prefix}{name}" for name in ("proj.weight", "scale", "per_expert_scale")}
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, cfg: Gemma4Config, layer_idx: int):
+        super().__init__()
+        layer = cfg.layers[layer_idx]
+        self.layer_type = layer.layer_type
+        self.self_attn = Gemma4Attention(cfg, layer_idx)
+        self.mlp = GatedMLP(cfg.hidden_size, layer.intermediate_size, cfg.hidden_act, dtype=cfg.dtype)
+        self.input_layernorm = norm(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = norm(cfg, cfg.hidden_size)
+        self.pre_feedforward_layernorm = norm(cfg, cfg.hidden_size)
+        self.post_feedforward_layernorm = norm(cfg, cfg.hidden_size)
+        self.layer_scalar = nn.Parameter(torch.empty(1, dtype=cfg.dtype), requires_grad=False)
+        self.moe = cfg.moe is not None
+        if cfg.moe is not None:
+            self.router = Gemma4Router(cfg, cfg.moe)
+            self.experts = MoEExperts(
+                cfg.moe.num_experts,
+                cfg.hidden_size,
+                cfg.moe.intermediate_size,
+                act=cfg.hidden_act,
+                checkpoint_format=ExpertsCheckpointFormat(transposed=True),  # [E, out, in] like nn.Linear
+                dtype=cfg.dtype,
+            )
+            self.post_feedforward_layernorm_1 = norm(cfg, cfg.hidden_size)
+            self.pre_feedforward_layernorm_2 = norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm_2 = norm(cfg, cfg.hidden_size)
+        self.ple = cfg.hidden_size_per_layer_input > 0
+        if self.ple:
+            self.hidden_act = cfg.hidden_act
+            self.per_layer_input_gate = linear(cfg, cfg.hidden_size, cfg.hidden_size_per_layer_input)
+            self.per_layer_projection = linear(cfg, cfg.hidden_size_per_layer_input, cfg.hidden_size)
+            self.post_per_layer_input_norm = norm(cfg, cfg.hidden_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: CosSin,
+        meta: AttentionMetadata,
+        rank: torch.Tensor,
+        per_layer_input: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), *rope, meta))
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.moe:
+            # The expert block reads the same residual as the dense MLP; their normed outputs add up.
+            weights, experts = self.router(x)
+            routed = self.experts(self.pre_feedforward_layernorm_2(x), weights, experts, rank)
+            h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
+        x = x + self.post_feedforward_layernorm(h)
+        if self.ple:
+            gate = activation(self.hidden_act)(self.per_layer_input_gate(x))
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate * per_layer_input))
+        return x * self.layer_scalar
+
+    def checkpoint_keys(self, prefix: str) -> KeyDict:
+        norms = (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        )
+        keys: KeyDict = {f"{n}.weight": f"{prefix}{n}.weight" for n in norms}
+        keys["layer_scalar"] = f"{prefix}layer_scalar"
+        keys.update(prefixed("self_attn.", self.self_attn.checkpoint_keys(f"{prefix}self_attn.")))
+        keys.update(prefixed("mlp.", GatedMLP.checkpoint_keys(f"{prefix}mlp.")))
+        if self.moe:
+            keys.update(prefixed("router.", Gemma4Router.checkpoint_keys(f"{prefix}router.")))
+            keys["experts.gate_up"] = f"{prefix}experts.gate_up_proj"
+            keys["experts.down"] = f"{prefix}experts.down_proj"
+            for n in (
+                "post_feedforward_layernorm_1",
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_2",
+            ):
+                keys[f"{n}.weight"] = f"{prefix}{n}.weight"
+        if self.ple:
+            for n in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"):
+                keys[f"{n}.weight"] = f"{prefix}{n}.weight"
+        return keys
+
+
+class PerLayerEmbeddings(nn.Module):
+    """PLE: each layer's extra input, ``[T, layers, ple_dim]``, from a packed token embedding (scaled by
+    sqrt(ple_dim)) and a normed projection of the main embedding, averaged with weight 1/sqrt(2)."""
+
+    def __init__(self, cfg: Gemma4Config):
+        super().__init__()
+        self.num_layers, self.dim = cfg.num_layers, cfg.hidden_size_per_layer_input
+        packed = self.num_layers * self.dim
+        self.embed_tokens_per_layer = VocabParallelEmbedding(
+            cfg.vocab_size_per_layer_input, packed, dtype=cfg.dtype
+        )
+        self.register_buffer("embed_scale", torch.tensor(self.dim**0.5, dtype=cfg.dtype), persistent=False)
+        self.per_layer_model_projection = linear(cfg, cfg.hidden_size, packed)
+        self.projection_scale = cfg.hidden_size**-0.5
+        self.per_layer_projection_norm = norm(cfg, self.dim)
+
+    def forward(self, ids: torch.Tensor, embeds: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        shape = (ids.shape[0], self.num_layers, self.dim)
+        tokens = (self.embed_tokens_per_layer(ids, rank) * self.embed_scale).reshape(shape)
+        projected = (self.per_layer_model_projection(embeds) * self.projection_scale).reshape(shape)
+        return (self.per_layer_projection_norm(projected) + tokens) * 2.0**-0.5
+
+    @staticmethod
+    def checkpoint_keys(prefix: str) -> KeyDict:
+        names = ("embed_tokens_per_layer", "per_layer_model_projection", "per_layer_projection_norm")
+        return {f"{n}.weight": f"{prefix}{n}.weight" for n in names}
+
+
+class Gemma4ForCausalLM(PagedCausalLM):
+    def __init__(self, cfg: Gemma4Config):
+        super().__init__()
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.tp = get_tp_group()
+        self.layout = get_parallel_layout()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        # The scale is rounded to the model dtype first, as the reference does (sqrt(3072) → 55.5 in BF16).
+        self.register_buffer(
+            "embed_scale", torch.tensor(cfg.hidden_size**0.5, dtype=cfg.dtype), persistent=False
+        )
+        self.per_layer = PerLayerEmbeddings(cfg) if cfg.hidden_size_per_layer_input else None
+        self.rotary = nn.ModuleDict({t: RotaryEmbedding(rope) for t, rope in cfg.rope.items()})
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = norm(cfg, cfg.hidden_size)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+
+    @classmethod
+    def from_configs(cls, hf_config, neuron_config: NeuronConfig) -> Gemma4ForCausalLM:
+        return cls(Gemma4Config.from_configs(hf_config, neuron_config))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        rank: torch.Tensor,
+    ) -> torch.Tensor:
+        # The rank is global (TP x EP); the vocab-split tables are split over TP only.
+        tp_rank = self.layout.coord_tensor(rank, "tp")
+        x = self.embed_tokens(input_ids, tp_rank) * self.embed_scale
+        per_layer = self.per_layer(input_ids, x, tp_rank) if self.per_layer is not None else None
+        rope = {t: rotary(positions, x.dtype) for t, rotary in self.rotary.items()}
+        for i, layer in enumerate(self.layers):
+            ple = per_layer[:, i] if per_layer is not None else None
+            x = layer(x, rope[layer.layer_type], attn_metadata, rank, ple)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def checkpoint_keys(self) -> KeyMap:
+        p = self.config.checkpoint_prefix
+        keys: KeyDict = {
+            "embed_tokens.weight": f"{p}embed_tokens.weight",
+            "norm.weight": f"{p}norm.weight",
+            # Tied checkpoints store no lm_head: the head reads the embedding's key.
+            "lm_head.weight": f"{p}embed_tokens.weight"
+            if self.config.tie_word_embeddings
+            else "lm_head.weight",
+        }
+        if self.per_layer is not None:
+            keys.update(prefixed("per_layer.", PerLayerEmbeddings.checkpoint_keys(p)))
+        for i, layer in enumerate(self.layers):
+            keys.update(prefixed(f"layers.{i}.", layer.checkpoint_keys(f"{p}layers.{i}.")))
+        return keys
+
+    def ignored_checkpoint_keys(self) -> tuple[str, ...]:
+        """Keys deliberately unused: the towers (multimodal layout), and K/V weights a KV-shared layer
+        would not use if an export kept them (the reference drops them at load too)."""
+        p = self.config.checkpoint_prefix
+        ignored = list(TOWER_KEYS) if self.config.multimodal else []
+        for i, layer in enumerate(self.config.layers):
+            if layer.kv_source is not None:
+                ignored += [
+                    f"{p}layers.{i}.self_attn.{n}.*" for n in ("k_proj", "v_proj", "k_norm", "v_norm")
+                ]
+        return tuple(ignored)

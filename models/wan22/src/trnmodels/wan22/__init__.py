@@ -1,0 +1,19 @@
+"""trnmodels-wan22: Wan2.2 text-to-video and image-to-video for vLLM-Omni on AWS Trainium.
+
+Importing this package is cheap (no torch, no diffusers): it only names the pipelines. A pipeline
+module is imported when something resolves its ``"module:Class"`` string.
+"""
+
+__version__ = "0.1.0"
+
+# Architecture key -> "module:Class" of the pipeline that serves it. The keys are what a stage YAML's
+# ``model_class_name`` or a checkpoint's ``model_index.json`` ``_class_name`` resolves to: diffusers'
+# names (``WanPipeline``, ``WanImageToVideoPipeline``) and vLLM-Omni's (``Wan22Pipeline``, ``Wan22I2VPipeline``).
+PIPELINE_REGISTRY: dict[str, str] = {
+    "WanPipeline": "trnmodels.wan22.pipeline_t2v:Wan22Pipeline",
+    "Wan22Pipeline": "trnmodels.wan22.pipeline_t2v:Wan22Pipeline",
+    "WanImageToVideoPipeline": "trnmodels.wan22.pipeline_i2v:Wan22ImageToVideoPipeline",
+    "Wan22I2VPipeline": "trnmodels.wan22.pipeline_i2v:Wan22ImageToVideoPipeline",
+}
+
+__all__ = ["PIPELINE_REGISTRY", "__version__"]

@@ -1,0 +1,156 @@
+"""Tiny random Wan2.2 checkpoints, saved with diffusers/transformers the way published ones are.
+
+``tiny_t2v`` / ``tiny_i2v`` (session fixtures) are ``WanCheckpoint``s: the diffusers reference pipeline
+(two experts, ``boundary_ratio``) and the directory it was saved to with ``save_pretrained``. Tests of
+every part (DiT, text encoder, VAE, pipelines, CLI) build on these, so one set of weights is made per
+session. No Hub access: the tokenizer is trained locally.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from diffusers import (
+    AutoencoderKLWan,
+    UniPCMultistepScheduler,
+    WanImageToVideoPipeline,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+
+from trnmodels.core.testing import train_tokenizer
+
+TINY_DIT = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=16,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=32,
+)
+TINY_UMT5 = dict(
+    vocab_size=320,
+    d_model=32,
+    d_kv=8,
+    d_ff=48,
+    num_layers=2,
+    num_heads=4,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=16,
+    feed_forward_proj="gated-gelu",
+    dropout_rate=0.0,
+)
+TINY_VAE = dict(
+    base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+)
+BOUNDARY_RATIO = 0.875
+FLOW_SHIFT = 3.0
+# A small video every test can afford: 5 frames of 32x32 -> latents [16, 2, 4, 4] -> 8 DiT tokens.
+VIDEO = dict(num_frames=5, height=32, width=32, max_sequence_length=16)
+PROMPT = "a red fox running through snow"
+NEGATIVE = "blurry, low quality"
+
+
+def perturb_norms(model: torch.nn.Module, scale: float = 0.1) -> None:
+    """Random init leaves norms at 1 and biases at 0; perturb them so a wrongly mapped norm shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "layer_norm" in name:
+                p.add_(scale * torch.randn_like(p))
+
+
+def build_dit(seed: int, **overrides) -> WanTransformer3DModel:
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(**{**TINY_DIT, **overrides}).eval()
+    perturb_norms(model)
+    return model
+
+
+def build_umt5(seed: int = 0) -> transformers.UMT5EncoderModel:
+    torch.manual_seed(seed)
+    model = transformers.UMT5EncoderModel(transformers.UMT5Config(**TINY_UMT5)).eval()
+    perturb_norms(model)
+    return model
+
+
+def build_vae(seed: int = 0) -> AutoencoderKLWan:
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(**TINY_VAE).eval()
+
+
+def build_scheduler() -> UniPCMultistepScheduler:
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        num_train_timesteps=1000,
+        flow_shift=FLOW_SHIFT,
+    )
+
+
+def bf16_like_diffusers(model: torch.nn.Module) -> torch.nn.Module:
+    """A BF16 copy the way ``from_pretrained(torch_dtype=bfloat16)`` makes one: the parameters named in
+    ``_keep_in_fp32_modules`` stay FP32 (done by hand: diffusers needs accelerate for it on load)."""
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    out = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if any(k in name.split(".") for k in keep):
+                p.data = p.data.float()
+    return out
+
+
+@dataclass
+class WanCheckpoint:
+    path: Path
+    reference: WanPipeline | WanImageToVideoPipeline
+    kind: str  # "t2v" or "i2v"
+
+
+def make_checkpoint(out: Path, kind: str = "t2v", seed: int = 0) -> WanCheckpoint:
+    """A two-expert Wan2.2 pipeline (T2V, or I2V with image latents concatenated: 16 + 4 + 16 channels)."""
+    in_channels = 16 if kind == "t2v" else 36
+    components = dict(
+        tokenizer=train_tokenizer(),
+        text_encoder=build_umt5(seed),
+        vae=build_vae(seed),
+        scheduler=build_scheduler(),
+        transformer=build_dit(seed + 1, in_channels=in_channels),
+        transformer_2=build_dit(seed + 2, in_channels=in_channels),
+        boundary_ratio=BOUNDARY_RATIO,
+    )
+    cls = WanPipeline if kind == "t2v" else WanImageToVideoPipeline
+    pipe = cls(**components)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.save_pretrained(out)
+    return WanCheckpoint(out, pipe, kind)
+
+
+@pytest.fixture(scope="session")
+def tiny_t2v(tmp_path_factory) -> WanCheckpoint:
+    return make_checkpoint(tmp_path_factory.mktemp("wan22-t2v"), "t2v")
+
+
+@pytest.fixture(scope="session")
+def tiny_i2v(tmp_path_factory) -> WanCheckpoint:
+    return make_checkpoint(tmp_path_factory.mktemp("wan22-i2v"), "i2v", seed=10)
+
+
+def make_image(height: int = VIDEO["height"], width: int = VIDEO["width"], seed: int = 0):
+    """A deterministic RGB PIL image to condition I2V on."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy()
+    return Image.fromarray(pixels)

@@ -1,0 +1,37 @@
+"""The package describes its pipelines without importing torch, and every registry entry resolves."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import trnmodels.wan22 as wan22
+
+
+def test_import_is_cheap():
+    code = "import sys, trnmodels.wan22; print(any(m in sys.modules for m in ('torch', 'diffusers')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_registry_entries_resolve_to_pipelines():
+    from trnmodels.wan22.pipeline_i2v import Wan22ImageToVideoPipeline
+    from trnmodels.wan22.pipeline_t2v import Wan22Pipeline
+
+    expected = {
+        "WanPipeline": Wan22Pipeline,
+        "Wan22Pipeline": Wan22Pipeline,
+        "WanImageToVideoPipeline": Wan22ImageToVideoPipeline,
+        "Wan22I2VPipeline": Wan22ImageToVideoPipeline,
+    }
+    assert set(wan22.PIPELINE_REGISTRY) == set(expected)
+    for arch, target in wan22.PIPELINE_REGISTRY.items():
+        module, _, name = target.partition(":")
+        assert getattr(importlib.import_module(module), name) is expected[arch]
+
+
+def test_entry_point_names_the_registry():
+    (ep,) = [e for e in entry_points(group="trnmodels.diffusion") if e.name == "wan22"]
+    assert ep.load() is wan22.PIPELINE_REGISTRY

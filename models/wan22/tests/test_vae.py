@@ -1,0 +1,172 @@
+"""The Wan VAE against diffusers' AutoencoderKLWan: decode and encode (FP32 tight, BF16 three-way),
+tiled against diffusers' tiled pass and against the untiled one, and patch parallel on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan
+
+from trnmodels.core.accuracy import assert_close_three_way
+from trnmodels.core.errors import InputError
+from trnmodels.core.parallel.launch import run_on_ranks
+from trnmodels.wan22.vae import Wan22VAE
+
+HERE = Path(__file__).parent
+TILES = dict(
+    tile_sample_min_height=32,
+    tile_sample_min_width=32,
+    tile_sample_stride_height=24,
+    tile_sample_stride_width=24,
+)
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tiny_t2v) -> Path:
+    return tiny_t2v.path / "vae"
+
+
+@pytest.fixture(scope="module")
+def reference(vae_dir) -> AutoencoderKLWan:
+    return AutoencoderKLWan.from_pretrained(vae_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def reference_bf16(vae_dir) -> AutoencoderKLWan:
+    return AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def ours(vae_dir) -> Wan22VAE:
+    return Wan22VAE.from_pretrained(vae_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def latents() -> torch.Tensor:
+    # 3 latent frames (9 video frames) of 6x8 latent pixels (48x64): first frame, then two cached steps.
+    return torch.randn(1, 16, 3, 6, 8, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def video() -> torch.Tensor:
+    return torch.rand(1, 3, 9, 48, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+
+
+def decode(vae, z: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return vae.decode(z.to(vae.dtype)).sample
+
+
+def encode(vae, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return vae.encode(x.to(vae.dtype)).latent_dist.parameters  # mean and logvar
+
+
+def test_interface_matches_diffusers(ours, reference):
+    assert isinstance(ours, AutoencoderKLWan)
+    for field in ("z_dim", "latents_mean", "latents_std", "scale_factor_temporal", "scale_factor_spatial"):
+        assert getattr(ours.config, field) == getattr(reference.config, field)
+    assert ours.latent_size(9, 48, 64) == (3, 6, 8)
+
+
+def test_decode_fp32_matches_diffusers(ours, reference, latents):
+    out = decode(ours, latents)
+    assert out.shape == (1, 3, 9, 48, 64)
+    torch.testing.assert_close(out, decode(reference, latents), rtol=1e-5, atol=1e-6)
+
+
+def test_encode_fp32_matches_diffusers(ours, reference, video):
+    torch.testing.assert_close(encode(ours, video), encode(reference, video), rtol=1e-5, atol=1e-6)
+
+
+def test_decode_bf16_three_way(vae_dir, reference, reference_bf16, latents):
+    ours_bf16 = Wan22VAE.from_pretrained(vae_dir, torch_dtype=torch.bfloat16).eval()
+    assert_close_three_way(
+        decode(ours_bf16, latents),
+        decode(reference, latents),
+        decode(reference_bf16, latents),
+        name="vae decode bf16",
+    )
+
+
+def test_encode_bf16_three_way(vae_dir, reference, reference_bf16, video):
+    ours_bf16 = Wan22VAE.from_pretrained(vae_dir, torch_dtype=torch.bfloat16).eval()
+    assert_close_three_way(
+        encode(ours_bf16, video),
+        encode(reference, video),
+        encode(reference_bf16, video),
+        name="vae encode bf16",
+    )
+
+
+@pytest.fixture(scope="module")
+def tiled(vae_dir, reference):
+    ours_tiled = Wan22VAE.from_pretrained(vae_dir).eval()
+    ours_tiled.enable_tiling(**TILES)
+    ref_tiled = AutoencoderKLWan.from_pretrained(vae_dir).eval()
+    ref_tiled.enable_tiling(**TILES)
+    return ours_tiled, ref_tiled
+
+
+def test_tiled_decode_matches_diffusers_tiled(tiled, latents):
+    ours_tiled, ref_tiled = tiled
+    assert len(ours_tiled.decode_tile_grid((6, 8)).tiles()) == 6  # 2 rows x 3 columns of 4x4 latents
+    torch.testing.assert_close(decode(ours_tiled, latents), decode(ref_tiled, latents), rtol=1e-5, atol=1e-6)
+
+
+def test_tiled_encode_matches_diffusers_tiled(tiled, video):
+    ours_tiled, ref_tiled = tiled
+    torch.testing.assert_close(encode(ours_tiled, video), encode(ref_tiled, video), rtol=1e-5, atol=1e-6)
+
+
+def test_tiled_decode_close_to_untiled(tiled, ours, latents):
+    # Tiles do not see past their window (and the middle block attends over the whole frame), so a tiled
+    # decode is an approximation; the overlap keeps it close to the untiled one.
+    full, tiles = decode(ours, latents), decode(tiled[0], latents)
+    assert not torch.equal(full, tiles)
+    err = (full - tiles).abs()
+    scale = full.abs().mean()
+    assert err.mean() < 0.25 * scale, f"tiled vs untiled mean |err| {err.mean():.3g} vs mean |x| {scale:.3g}"
+
+
+def test_bad_inputs_are_named(ours, video):
+    with pytest.raises(InputError, match="frame count of the form 4k\\+1"):
+        ours.encode(video[:, :, :6])
+    with pytest.raises(InputError, match="divisible by the spatial compression ratio 8"):
+        ours.encode(video[:, :, :, :44])
+    with pytest.raises(InputError, match="expected latents \\[B, 16, T, h, w\\]"):
+        ours.decode(torch.zeros(1, 4, 2, 6, 8))
+
+
+def test_patch_parallel_two_ranks_equals_tiled(vae_dir, tiled, latents):
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(HERE))
+    try:
+        fns = importlib.import_module("_wan22_vae_rank_fns")
+        per_rank = run_on_ranks(fns.patch_parallel_decode, 2, str(vae_dir), latents)
+    finally:
+        mp.undo()
+    expected = decode(tiled[0], latents)
+    for sample in per_rank:
+        torch.testing.assert_close(sample, expected, rtol=0, atol=0)
+
+
+def test_compiled_decode_matches_eager_and_hits_cache(vae_dir, ours, latents, tmp_path):
+    # Two graphs (first frame, then a fixed-shape cached step replayed for frames 2 and 3), compiled once.
+    vae = Wan22VAE.from_pretrained(vae_dir).eval()
+    results = vae.compile(num_frames=9, height=48, width=64, cache_dir=tmp_path)
+    assert [(r.name, r.cache) for r in results] == [
+        ("wan22_vae_decoder/first", "miss"),
+        ("wan22_vae_decoder/step", "miss"),
+    ]
+    assert vae.compiled_graphs == 2
+    torch.testing.assert_close(decode(vae, latents), decode(ours, latents), rtol=1e-5, atol=1e-5)
+    again = (
+        Wan22VAE.from_pretrained(vae_dir)
+        .eval()
+        .compile(num_frames=9, height=48, width=64, cache_dir=tmp_path)
+    )
+    assert [r.cache for r in again] == ["hit", "hit"]
