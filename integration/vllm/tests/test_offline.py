@@ -34,3 +34,27 @@ def test_disabled_plugin_falls_back_to_vllm(tiny: TinyCheckpoint, tmp_path):
     assert result["model"]["class"] == tiny.case.vllm_class
     assert "is served by plugin" not in result["log"]
     assert_matches_hf(tiny, result)
+
+
+def test_checkpoint_the_plugin_rejects_fails_startup_with_our_error(tmp_path):
+    """An llama3 checkpoint with a quantization the plugin does not serve: vLLM's start-up fails with the
+    plugin's own one-line reason, before any engine is built (nothing is served silently by vLLM's class)."""
+    import json
+    import shutil
+
+    from vllm_harness import PLUGINS
+
+    checkpoint = PLUGINS["llama3"].build(tmp_path / "tiny")
+    rejected = tmp_path / "fp8"
+    shutil.copytree(checkpoint, rejected)
+    config = json.loads((rejected / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (rejected / "config.json").write_text(json.dumps(config))
+    try:
+        run_offline(rejected, tmp_path)
+    except AssertionError as e:
+        message = str(e)
+    else:
+        raise AssertionError("vLLM started on a checkpoint the plugin rejects")
+    assert "quantization_config with quant_method='fp8' is not supported by trnmodels-llama3" in message
+    assert "is served by plugin" not in message
