@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 import transformers
 
+from trnmodels.core.accuracy import greedy_teacher_sequence
 from trnmodels.core.causal_lm import build_model
 from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
 from trnmodels.core.runner.config import RunnerConfig, SamplingParams
@@ -34,12 +34,7 @@ def ragged_prompts(vocab: int, rng: random.Random) -> list[list[int]]:
 
 
 def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = hf.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-        pad_token_id=0,
-    )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
+    return greedy_teacher_sequence(hf, prompt, new_tokens)[len(prompt) :]
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from trnmodels.core.accuracy import greedy_teacher_sequence
 from trnmodels.core.compile import CompileTarget, compile_all
 from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
@@ -31,12 +32,7 @@ TINY = __import__("trnmodels.gpt_oss", fromlist=["PLUGIN"]).PLUGIN.bundled_confi
 
 
 def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = hf.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-        pad_token_id=0,
-    )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
+    return greedy_teacher_sequence(hf, prompt, new_tokens)[len(prompt) :]
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import json
 import random
 
 import pytest
-import torch
 import transformers
 
+from trnmodels.core.accuracy import greedy_teacher_sequence
 from trnmodels.core.causal_lm import build_model
 from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
 from trnmodels.core.compile import driver as compile_driver
@@ -38,13 +38,7 @@ def ragged_prompts(vocab: int, rng: random.Random) -> list[list[int]]:
 
 
 def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    # An explicit mask: left to itself, generate would mask every prompt token equal to pad_token_id.
-    out = hf.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-        pad_token_id=0,
-    )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
+    return greedy_teacher_sequence(hf, prompt, new_tokens)[len(prompt) :]
 
 
 @pytest.fixture
