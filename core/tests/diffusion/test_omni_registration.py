@@ -26,6 +26,10 @@ def test_every_registry_entry_is_registered():
         model_arch, module_name, class_name, pre_process_func_name=None, post_process_func_name=None
     ):
         calls.append((model_arch, module_name, class_name))
+        assert (pre_process_func_name, post_process_func_name) == (
+            "get_pre_process_func",
+            "get_post_process_func",
+        )
 
     archs = register_pipelines(register_diffusion_model)
     wan22 = importlib.import_module("trnmodels.wan22").PIPELINE_REGISTRY
@@ -34,6 +38,6 @@ def test_every_registry_entry_is_registered():
     assert {"Wan22Pipeline", "WanPipeline", "WanImageToVideoPipeline"} <= set(archs)
 
 
-def test_registered_class_is_the_pipeline():
-    assert discover_pipelines()["Wan22Pipeline"][0] == "wan22"
+def test_local_runners_get_the_pipeline_of_the_registered_engine_class():
+    assert discover_pipelines()["Wan22Pipeline"] == ("wan22", "trnmodels.wan22.omni:Wan22OmniPipeline")
     assert pipeline_class("WanPipeline").__name__ == "Wan22Pipeline"

@@ -3,8 +3,9 @@ greedy ``generate`` token for token."""
 
 from __future__ import annotations
 
+import pytest
 import transformers
-from vllm_harness import CHATS, PROMPTS, TinyCheckpoint, run_offline
+from vllm_harness import CHATS, PLUGINS, PROMPTS, TinyCheckpoint, run_offline
 
 BRIDGE = "trnmodels.core.vllm.bridge.TrnmodelsForCausalLM"
 
@@ -30,9 +31,22 @@ def test_plugin_serves_and_matches_transformers(tiny: TinyCheckpoint, offline):
 
 
 def test_disabled_plugin_falls_back_to_vllm(tiny: TinyCheckpoint, tmp_path):
+    if tiny.case.fallback_build is not None:  # vLLM's own class for tiny's architecture cannot load here
+        tiny = TinyCheckpoint(tiny.plugin, tiny.case.fallback_build(tmp_path / "fallback"), tiny.case)
     result = run_offline(tiny.path, tmp_path, TRNMODELS_VLLM_DISABLE=tiny.plugin)
     assert result["model"]["class"] == tiny.case.vllm_class
     assert "is served by plugin" not in result["log"]
+    assert_matches_hf(tiny, result)
+
+
+@pytest.mark.parametrize("plugin", [name for name, case in PLUGINS.items() if case.fallback_build])
+def test_plugin_serves_its_other_architecture(plugin: str, tmp_path):
+    """The fallback checkpoint's architecture (Gemma 4: text-only Gemma4ForCausalLM) is the plugin's too."""
+    case = PLUGINS[plugin]
+    tiny = TinyCheckpoint(plugin, case.fallback_build(tmp_path / "fallback"), case)
+    result = run_offline(tiny.path, tmp_path)
+    assert result["model"]["class"] == BRIDGE
+    assert result["model"]["inner"] == case.plugin_model
     assert_matches_hf(tiny, result)
 
 
@@ -41,8 +55,6 @@ def test_checkpoint_the_plugin_rejects_fails_startup_with_our_error(tmp_path):
     plugin's own one-line reason, before any engine is built (nothing is served silently by vLLM's class)."""
     import json
     import shutil
-
-    from vllm_harness import PLUGINS
 
     checkpoint = PLUGINS["llama3"].build(tmp_path / "tiny")
     rejected = tmp_path / "fp8"

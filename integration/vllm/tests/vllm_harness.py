@@ -2,7 +2,7 @@
 greedy reference for them, and running vLLM offline in a fresh interpreter.
 
 The checkpoints are saved the way published ones are (``save_pretrained`` plus a tokenizer that ships a
-chat template). vLLM's CPU attention supports head sizes 32, 64, 80, ...: the configs use 32.
+chat template). vLLM's CPU attention supports head sizes 32, 64, 80, ...: the configs use 32 and 64.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -110,6 +111,87 @@ def build_gpt_oss(out: Path) -> Path:
     return save_checkpoint(model, out, train_tokenizer(vocab_size=VOCAB))
 
 
+def gemma4_config(architecture: str, moe: bool = False) -> transformers.PretrainedConfig:
+    # What makes Gemma 4 special in vLLM's path, scaled down: sliding (head size 32, 2 KV heads, window 8)
+    # and full layers (head size 64, 1 KV head, V from the K projection, partial proportional rope), KV
+    # sharing (layer 3 reads layer 2's cache, layer 4 layer 1's) with double-wide MLPs there, per-layer
+    # embeddings, final logit softcapping and tied embeddings; with `moe`, the 26B-A4B block (top-2 of 4
+    # experts beside the dense MLP) in every layer.
+    sliding, full = "sliding_attention", "full_attention"
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=64,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        layer_types=[sliding, full, sliding, sliding, full],
+        sliding_window=8,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=VOCAB,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=MAX_MODEL_LEN,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            sliding: {"rope_type": "default", "rope_theta": 10000.0},
+            full: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        },
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
+    if moe:
+        text |= dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    if architecture == "Gemma4ForCausalLM":
+        return transformers.Gemma4TextConfig(**text)
+    # The published multimodal layout: the language model under model.language_model.*, beside towers.
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=4,
+        pooling_kernel_size=2,
+        position_embedding_size=64,
+    )
+    audio = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[8, 8],
+        conv_kernel_size=3,
+        output_proj_dims=32,
+    )
+    return transformers.Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=True
+    )
+
+
+def build_gemma4(out: Path, architecture: str = "Gemma4ForConditionalGeneration", moe: bool = False) -> Path:
+    config = gemma4_config(architecture, moe)
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        # Norms, layer scalars (a checkpointed buffer) and router scales are 1 at init: perturbed so a
+        # wrong mapping would show.
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if "norm.weight" in name or name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+                p.add_(0.1 * torch.randn_like(p))
+            # Well-separated router logits: FP32 rounding differences never flip a top-k choice.
+            if "router.proj" in name:
+                p.mul_(20.0)
+    return save_checkpoint(model, out, train_tokenizer(vocab_size=VOCAB))
+
+
 @dataclass(frozen=True)
 class PluginCase:
     build: Callable[[Path], Path]
@@ -120,6 +202,12 @@ class PluginCase:
     # the o200k_harmony vocabulary) whatever chat template the checkpoint ships, so a tiny-vocabulary
     # gpt-oss checkpoint cannot take a /v1/chat/completions request.
     server_chat: bool = True
+    # A checkpoint of another architecture the plugin registers, for a plugin whose `build` architecture
+    # vLLM's own class cannot load here: the plugin must serve it too, and the disabled test uses it
+    # (`vllm_class` is then vLLM's class for this one). Gemma 4: vLLM's multimodal class imports
+    # transformers' Gemma4Processor, whose image processor needs torchvision; its text-only
+    # Gemma4ForCausalLM does not.
+    fallback_build: Callable[[Path], Path] | None = None
 
 
 PLUGINS: dict[str, PluginCase] = {
@@ -136,6 +224,16 @@ if find_spec("trnmodels.gpt_oss") is not None:
         "vllm.model_executor.models.gpt_oss.GptOssForCausalLM",
         {"attn_implementation": "eager", "experts_implementation": "eager"},
         server_chat=False,
+    )
+
+if find_spec("trnmodels.gemma4") is not None:
+    PLUGINS["gemma4"] = PluginCase(
+        build_gemma4,
+        "trnmodels.gemma4.model.Gemma4ForCausalLM",
+        "vllm.model_executor.models.gemma4.Gemma4ForCausalLM",
+        {"attn_implementation": "eager"},
+        # The text-only export, with the MoE block: vLLM serves the 26B-A4B layout through both classes.
+        fallback_build=partial(build_gemma4, architecture="Gemma4ForCausalLM", moe=True),
     )
 
 

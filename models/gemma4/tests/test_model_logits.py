@@ -1,7 +1,7 @@
 """Model level: teacher-forced logits through prefill plus paged decode against HF Gemma 4.
 
 Each sequence runs past the sliding window (window 4, 18-26 tokens, prefill 5-9), so sliding layers
-decode over a partly masked cache. FP32 max abs error ≤ 1e-4 at TP=1 and TP=2, and at EP=2 for MoE,
+decode over a partly masked cache. FP32 max abs error ≤ 1e-4 at TP=1 and TP=2, and at EP=2 and TP=2 × EP=2 for MoE,
 over the variants the issue names plus one randomly drawn config (seed printed on failure; set
 TRNMODELS_TEST_SEED to replay).
 """
@@ -99,9 +99,11 @@ def test_logits_match_hf_tp2(checkpoints):
     check(checkpoints, score_many(jobs(checkpoints), tp=2), "tp=2")
 
 
-def test_moe_logits_match_hf_ep2(checkpoints):
+@pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2)], ids=["ep2", "tp2xep2"])
+def test_moe_logits_match_hf_ep(checkpoints, tp, ep):
+    """Experts split over EP ranks, and at TP=2 × EP=2 (4 ranks) each expert TP-split inside too."""
     moe = [case for case in checkpoints if case[0] == "moe"]
-    check(moe, score_many(jobs(moe), tp=1, ep=2), "ep=2")
+    check(moe, score_many(jobs(moe), tp=tp, ep=ep), f"tp={tp} ep={ep}")
 
 
 def test_cli_logits_tp2_matches_hf(checkpoints, tmp_path):

@@ -16,20 +16,29 @@ def test_import_is_cheap():
     assert out.stdout.strip() == "False"
 
 
-def test_registry_entries_resolve_to_pipelines():
+def test_registry_entries_resolve_to_engine_classes_of_the_pipelines():
+    from trnmodels.wan22.omni import Wan22I2VOmniPipeline, Wan22OmniPipeline
     from trnmodels.wan22.pipeline_i2v import Wan22ImageToVideoPipeline
     from trnmodels.wan22.pipeline_t2v import Wan22Pipeline
 
     expected = {
-        "WanPipeline": Wan22Pipeline,
-        "Wan22Pipeline": Wan22Pipeline,
-        "WanImageToVideoPipeline": Wan22ImageToVideoPipeline,
-        "Wan22I2VPipeline": Wan22ImageToVideoPipeline,
+        "WanPipeline": (Wan22OmniPipeline, Wan22Pipeline),
+        "Wan22Pipeline": (Wan22OmniPipeline, Wan22Pipeline),
+        "WanImageToVideoPipeline": (Wan22I2VOmniPipeline, Wan22ImageToVideoPipeline),
+        "Wan22I2VPipeline": (Wan22I2VOmniPipeline, Wan22ImageToVideoPipeline),
     }
     assert set(wan22.PIPELINE_REGISTRY) == set(expected)
     for arch, target in wan22.PIPELINE_REGISTRY.items():
         module, _, name = target.partition(":")
-        assert getattr(importlib.import_module(module), name) is expected[arch]
+        engine_class = getattr(importlib.import_module(module), name)
+        assert (engine_class, engine_class.pipeline_class) == expected[arch]
+        # vLLM-Omni looks its pre/post-process hooks up by these names in the registered module.
+        assert callable(module_attr(module, "get_pre_process_func"))
+        assert callable(module_attr(module, "get_post_process_func"))
+
+
+def module_attr(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
 
 
 def test_entry_point_names_the_registry():

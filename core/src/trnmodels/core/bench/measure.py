@@ -2,8 +2,10 @@
 
 Peak RSS is read from ``/proc/self/status`` (Linux): ``VmHWM`` is reset through ``/proc/self/clear_refs``
 just before the measured block, so it is the exact peak of that block; a sampling thread adds the split
-into anonymous and file-backed (memory-mapped) pages. Weight loads run in a fresh child process each
-(``run_load_child``), so one measurement's memory never shows up in another's.
+into anonymous and file-backed (memory-mapped) pages. A freed block's pages often stay with the process
+(the allocator keeps them for reuse), so a later block in the same process can peak lower than it would
+alone: measurements that must not see each other run in a fresh process each (``run_in_fresh_process``;
+weight loads through ``run_load_child``, any build-then-run case through ``case_memory``).
 """
 
 from __future__ import annotations
@@ -217,6 +219,64 @@ class PeakMemory:
         }
 
 
+def case_memory(build: Callable[[], Callable[[], object]]) -> dict[str, Any]:
+    """The memory of one case, in bytes: ``build()`` (load a model, make its inputs) returns the pass,
+    which runs once. Call it in a fresh process (``run_in_fresh_process``) right after the imports, so
+    the figures are the case's own and not what earlier work left in the allocator.
+
+    ``baseline_rss``: the RSS on entry (after the imports); ``build_added``: the RSS the built case holds
+    above it; ``pass_added``: the pass's peak above the RSS it starts from (its activations, first-call
+    caches included); ``peak_added``: the highest RSS of build and pass above the baseline;
+    ``process_peak``: the process's RSS high-water mark, imports included.
+    """
+    import_peak = _proc_bytes("/proc/self/status").get("VmHWM", 0)
+    with PeakMemory() as built:
+        run = build()
+    with PeakMemory() as ran, torch.no_grad():
+        run()
+    baseline = built.result["baseline_rss"]
+    peak = max(built.result["peak_rss"], ran.result["peak_rss"])
+    return {
+        "baseline_rss": baseline,
+        "build_added": ran.result["baseline_rss"] - baseline,
+        "pass_added": ran.result["peak_added"],
+        "peak_added": peak - baseline,
+        "process_peak": max(import_peak, peak),
+        "hwm_reset": built.result["hwm_reset"] and ran.result["hwm_reset"],
+    }
+
+
+# -- fresh processes --------------------------------------------------------------------------------
+
+
+# glibc's allocator raises its mmap threshold as large blocks are freed, after which freed tensors stay
+# in the process's heap and reused pages hide new peaks: the peaks of one case then vary by tens of
+# percent between processes. Fixed at 64 KiB, every tensor of that size or more is its own mapping,
+# unmapped on free, so RSS follows the live tensors and a peak repeats from run to run.
+EXACT_RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
+
+
+def run_in_fresh_process(target: str, *args: Any, env: Mapping[str, str] | None = None) -> Any:
+    """``target(*args)`` (``"package.module:function"``, importable) in a new Python process, with
+    ``env`` added to its environment (e.g. ``EXACT_RSS_ENV``); its JSON-ready return value. ``args`` must
+    be JSON-ready too. The child's error is raised here as a RuntimeError with the end of its stderr."""
+    # The child imports only the target's module (not this package), so its imports are the target's own.
+    code = (
+        "import importlib, json, sys; module, _, function = sys.argv[1].partition(':'); "
+        "print(json.dumps(getattr(importlib.import_module(module), function)(*json.loads(sys.argv[2]))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, target, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if proc.returncode:
+        call = f"{target}({', '.join(map(repr, args))})"
+        raise RuntimeError(f"{call} in a fresh process failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 # -- weight loading (run in child processes) -------------------------------------------------------
 
 
@@ -266,25 +326,15 @@ def plain_read(checkpoint_dir: str) -> list[dict[str, Any]]:
     return [{"rank": 0, "seconds": seconds, "bytes": nbytes, **memory.result}]
 
 
-def child_main(argv: Sequence[str] | None = None) -> None:
-    """``KIND CHECKPOINT_DIR TP``: print one JSON line with the per-rank figures (KIND: ours, plain)."""
+def load_child(kind: str, checkpoint_dir: str, tp: int) -> list[dict[str, Any]]:
+    """One load's per-rank figures (``kind``: ours, plain), in the fresh process of ``run_load_child``."""
     from ..parallel.launch import run_on_ranks
 
-    kind, checkpoint_dir, tp = argv if argv is not None else sys.argv[1:]
-    result = (
-        plain_read(checkpoint_dir) if kind == "plain" else run_on_ranks(load_rank, int(tp), checkpoint_dir)
-    )
-    print(json.dumps(result))
+    return plain_read(checkpoint_dir) if kind == "plain" else run_on_ranks(load_rank, tp, checkpoint_dir)
 
 
 def run_load_child(kind: str, checkpoint_dir: str, tp: int = 1) -> list[dict[str, Any]]:
-    code = "from trnmodels.core.bench.measure import child_main; child_main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, kind, checkpoint_dir, str(tp)], capture_output=True, text=True
-    )
-    if proc.returncode:
-        raise RuntimeError(f"load measurement {kind} tp={tp} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_fresh_process("trnmodels.core.bench.measure:load_child", kind, checkpoint_dir, tp)
 
 
 def median_fields(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -14,9 +14,16 @@ from .cache import ARTIFACT, ArtifactCache, CorruptArtifactWarning
 from .driver import CompileTarget, graph_keys
 
 
+def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # Every alias of a shared tensor (a tied LM head is the embedding's table): a graph may name either.
+    return dict(module.named_parameters(remove_duplicate=False)) | dict(
+        module.named_buffers(remove_duplicate=False)
+    )
+
+
 def _constants(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # The step modules hold the model as ``self.model``: the exported constants carry that prefix.
-    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    named = _named_tensors(model)
     return {f"model.{name}": t for name, t in named.items()}
 
 
@@ -24,7 +31,7 @@ def load_compiled_module(path: str | Path, module: torch.nn.Module) -> Callable[
     """A package compiled from ``module`` itself, with ``module``'s weights bound by name (shared, not
     copied). Raises if the package cannot load or names a weight ``module`` lacks."""
     loader = torch._inductor.aoti_load_package(str(path))
-    named = dict(module.named_parameters()) | dict(module.named_buffers())
+    named = _named_tensors(module)
     wanted = set(loader.get_constant_fqns())
     loader.load_constants(
         {k: v for k, v in named.items() if k in wanted}, check_full_update=True, user_managed=True

@@ -2,8 +2,9 @@
 
 A diffusion plugin declares ``[project.entry-points."trnmodels.diffusion"] <name> = "<package>:PIPELINE_REGISTRY"``,
 a dict from architecture key (a checkpoint's ``model_index.json`` ``_class_name``, a stage YAML's
-``model_class_name``) to the ``"module:Class"`` of the pipeline serving it. Nothing here imports torch or
-a pipeline module until a class is asked for.
+``model_class_name``) to the ``"module:Class"`` of the class vLLM-Omni's engine serves it with (an
+``omni_engine.OmniDiffusionPipeline``); that class's ``pipeline_class`` is the diffusers-style pipeline
+local runners build. Nothing here imports torch or a pipeline module until a class is asked for.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def discover_pipelines() -> dict[str, tuple[str, str]]:
 
 
 def pipeline_class(architecture: str) -> type[Any]:
+    """The diffusers-style pipeline serving ``architecture`` (the registered engine class's ``pipeline_class``)."""
     pipelines = discover_pipelines()
     if architecture not in pipelines:
         raise ConfigError(
@@ -43,7 +45,8 @@ def pipeline_class(architecture: str) -> type[Any]:
             f"installed: {sorted(pipelines) or 'none'}"
         )
     module, _, cls = pipelines[architecture][1].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    engine_class = getattr(importlib.import_module(module), cls)
+    return getattr(engine_class, "pipeline_class", engine_class)
 
 
 def checkpoint_architecture(checkpoint_dir: str | Path) -> str:

@@ -3,17 +3,26 @@
     trnmodels video CHECKPOINT_DIR --prompt TEXT [--negative-prompt TEXT] [--image PATH]
         --num-frames N --height H --width W --steps S --seed S [--guidance-scale G] [--guidance-scale-2 G2]
         [--tp N --cfg-parallel N --cp N] --out OUT.mp4 [--latents-out FILE.safetensors] [--json]
+        [--flow-shift F] [--vae-tiling] [--vae-patch-parallel N] [--ring-attention | --no-ring-attention]
 
 The checkpoint's ``model_index.json`` names the pipeline (through the plugins' ``PIPELINE_REGISTRY``); an
 image-to-video checkpoint needs ``--image``. With a mesh larger than one rank the pipeline runs on that
 many local gloo ranks (``tp x cp x cfg-parallel``). ``--latents-out`` holds the final latents (tensor
 ``latents``, float32, before the VAE decode). Both files are written beside their target and renamed into
 place, so an interrupted run leaves nothing half-written.
+
+The last line's options are what the pipeline's ``from_pretrained`` takes beyond the mesh: the scheduler's
+``flow_shift`` (default: the checkpoint's), VAE spatial tiling (diffusers' grid of 256 px tiles every
+192 px, used when the frame is larger than one tile), VAE patch parallelism (the tiles of the decode spread
+over the first N ranks of the mesh; N > 1 always decodes tile by tile), and ring attention for context
+parallelism (default: the ring where the CP group can run it, else all-gathered K/V; ``--ring-attention``
+requires the ring, ``--no-ring-attention`` always all-gathers).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -60,6 +69,30 @@ def add_video_parser(sub: Any) -> None:
         "--latents-out", type=Path, default=None, help="final latents (.safetensors, tensor 'latents')"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--flow-shift",
+        type=float,
+        default=None,
+        metavar="F",
+        help="scheduler flow_shift > 0 (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--vae-tiling", action="store_true", help="decode (and encode) in 256 px tiles every 192 px"
+    )
+    p.add_argument(
+        "--vae-patch-parallel",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="spread the VAE decode's tiles over the first N ranks of the mesh",
+    )
+    p.add_argument(
+        "--ring-attention",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --cp > 1: require ring attention, or (--no-ring-attention) all-gather K/V "
+        "(default: the ring where it can run)",
+    )
     p.set_defaults(run=cmd_video)
 
 
@@ -71,6 +104,20 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise InputError(f"--out: expected an .mp4 file, got {args.out.name}")
     if args.image is not None and not args.image.is_file():
         raise InputError(f"--image: {args.image} is not a file")
+
+
+def _check_pipeline_options(args: argparse.Namespace) -> None:
+    if args.flow_shift is not None and not (math.isfinite(args.flow_shift) and args.flow_shift > 0):
+        raise InputError(f"--flow-shift: expected a positive number, got {args.flow_shift}")
+    world = args.tp * args.cp * args.cfg_parallel
+    if args.vae_patch_parallel > world:
+        raise InputError(
+            f"--vae-patch-parallel {args.vae_patch_parallel} exceeds the {world} rank(s) of the mesh "
+            f"(--tp {args.tp} x --cp {args.cp} x --cfg-parallel {args.cfg_parallel})"
+        )
+    if args.ring_attention is not None and args.cp == 1:
+        flag = "--ring-attention" if args.ring_attention else "--no-ring-attention"
+        raise InputError(f"{flag} applies to context parallelism: it needs --cp 2 or more")
 
 
 def generate_on_rank(rank: int, world_size: int, job: dict[str, Any]) -> dict[str, Any] | None:
@@ -85,6 +132,10 @@ def generate_on_rank(rank: int, world_size: int, job: dict[str, Any]) -> dict[st
         cfg_parallel=job["cfg_parallel"],
         cp=job["cp"],
         dtype=getattr(torch, job["dtype"]),
+        flow_shift=job["flow_shift"],
+        enable_ring_attention=job["ring_attention"],
+        vae_use_tiling=job["vae_tiling"],
+        vae_patch_parallel_size=job["vae_patch_parallel"],
     )
     kwargs: dict[str, Any] = dict(
         prompt=job["prompt"],
@@ -150,6 +201,7 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
     from .registry import checkpoint_architecture
 
     _check_paths(args)
+    _check_pipeline_options(args)
     architecture = checkpoint_architecture(args.checkpoint_dir)
     if architecture in _IMAGE_TO_VIDEO and args.image is None:
         raise InputError(
@@ -176,6 +228,10 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
         "cfg_parallel": args.cfg_parallel,
         "cp": args.cp,
         "dtype": args.dtype,
+        "flow_shift": args.flow_shift,
+        "vae_tiling": args.vae_tiling,
+        "vae_patch_parallel": args.vae_patch_parallel,
+        "ring_attention": args.ring_attention,
     }
     layout = ParallelLayout(tp=args.tp, cp=args.cp, cfg=args.cfg_parallel)
     start = time.perf_counter()
@@ -206,6 +262,10 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
         "cfg_parallel": args.cfg_parallel,
         "cp": args.cp,
         "dtype": args.dtype,
+        "flow_shift": args.flow_shift,
+        "vae_tiling": args.vae_tiling,
+        "vae_patch_parallel": args.vae_patch_parallel,
+        "ring_attention": args.ring_attention,
         "seconds": round(seconds, 3),
     }
     if not args.json:

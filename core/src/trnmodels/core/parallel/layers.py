@@ -194,6 +194,16 @@ class VocabParallelEmbedding(_VocabShardedTable):
 class ParallelLMHead(_VocabShardedTable):
     """Vocab-split output projection; logits are gathered and the vocab padding is cut off."""
 
+    def tie(self, embedding: VocabParallelEmbedding) -> None:
+        """Use ``embedding``'s table as this head's weight: tied checkpoints store one table, and the
+        model holds and loads it once (both are split by rows over the same TP group)."""
+        if (embedding.vocab_size, embedding.weight.shape) != (self.vocab_size, self.weight.shape):
+            raise ValueError(
+                f"cannot tie a head of vocab {self.vocab_size} {list(self.weight.shape)} to an embedding "
+                f"of vocab {embedding.vocab_size} {list(embedding.weight.shape)}"
+            )
+        self.weight = embedding.weight
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.all_gather(F.linear(hidden, self.weight), dim=-1)
         return logits[..., : self.vocab_size]

@@ -273,6 +273,8 @@ class Gemma4ForCausalLM(PagedCausalLM):
         self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = norm(cfg, cfg.hidden_size)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.tie(self.embed_tokens)
 
     @classmethod
     def from_configs(cls, hf_config, neuron_config: NeuronConfig) -> Gemma4ForCausalLM:
@@ -307,11 +309,9 @@ class Gemma4ForCausalLM(PagedCausalLM):
         keys: KeyDict = {
             "embed_tokens.weight": f"{p}embed_tokens.weight",
             "norm.weight": f"{p}norm.weight",
-            # Tied checkpoints store no lm_head: the head reads the embedding's key.
-            "lm_head.weight": f"{p}embed_tokens.weight"
-            if self.config.tie_word_embeddings
-            else "lm_head.weight",
         }
+        if not self.config.tie_word_embeddings:  # a tied head is the embedding's table (no key of its own)
+            keys["lm_head.weight"] = "lm_head.weight"
         if self.per_layer is not None:
             keys.update(prefixed("per_layer.", PerLayerEmbeddings.checkpoint_keys(p)))
         for i, layer in enumerate(self.layers):

@@ -165,6 +165,8 @@ class GptOssForCausalLM(PagedCausalLM):
         self.layers = nn.ModuleList(GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.tie(self.embed_tokens)
 
     @classmethod
     def from_configs(cls, hf_config, neuron_config: NeuronConfig) -> GptOssForCausalLM:
@@ -189,10 +191,9 @@ class GptOssForCausalLM(PagedCausalLM):
         keys: KeyDict = {
             "embed_tokens.weight": "model.embed_tokens.weight",
             "norm.weight": "model.norm.weight",
-            "lm_head.weight": "model.embed_tokens.weight"
-            if self.config.tie_word_embeddings
-            else "lm_head.weight",
         }
+        if not self.config.tie_word_embeddings:  # a tied head is the embedding's table (no key of its own)
+            keys["lm_head.weight"] = "lm_head.weight"
         for i, layer in enumerate(self.layers):
             keys.update(prefixed(f"layers.{i}.", layer.checkpoint_keys(f"model.layers.{i}.")))
         return keys

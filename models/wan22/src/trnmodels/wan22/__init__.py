@@ -6,14 +6,17 @@ module is imported when something resolves its ``"module:Class"`` string.
 
 __version__ = "0.1.0"
 
-# Architecture key -> "module:Class" of the pipeline that serves it. The keys are what a stage YAML's
-# ``model_class_name`` or a checkpoint's ``model_index.json`` ``_class_name`` resolves to: diffusers'
-# names (``WanPipeline``, ``WanImageToVideoPipeline``) and vLLM-Omni's (``Wan22Pipeline``, ``Wan22I2VPipeline``).
+# Architecture key -> "module:Class" of the class vLLM-Omni's diffusion engine instantiates for it (the
+# engine contract, ``trnmodels.core.diffusion.omni_engine``); its ``pipeline_class`` is the diffusers-style
+# pipeline that local runners (``trnmodels video``, the examples) build with ``from_pretrained``. The keys
+# are what a stage YAML's ``model_class_name`` or a checkpoint's ``model_index.json`` ``_class_name``
+# resolves to: diffusers' names (``WanPipeline``, ``WanImageToVideoPipeline``) and vLLM-Omni's
+# (``Wan22Pipeline``, ``Wan22I2VPipeline``).
 PIPELINE_REGISTRY: dict[str, str] = {
-    "WanPipeline": "trnmodels.wan22.pipeline_t2v:Wan22Pipeline",
-    "Wan22Pipeline": "trnmodels.wan22.pipeline_t2v:Wan22Pipeline",
-    "WanImageToVideoPipeline": "trnmodels.wan22.pipeline_i2v:Wan22ImageToVideoPipeline",
-    "Wan22I2VPipeline": "trnmodels.wan22.pipeline_i2v:Wan22ImageToVideoPipeline",
+    "WanPipeline": "trnmodels.wan22.omni:Wan22OmniPipeline",
+    "Wan22Pipeline": "trnmodels.wan22.omni:Wan22OmniPipeline",
+    "WanImageToVideoPipeline": "trnmodels.wan22.omni:Wan22I2VOmniPipeline",
+    "Wan22I2VPipeline": "trnmodels.wan22.omni:Wan22I2VOmniPipeline",
 }
 
 __all__ = ["PIPELINE_REGISTRY", "__version__"]

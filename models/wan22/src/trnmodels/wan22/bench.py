@@ -1,10 +1,14 @@
 """``python -m trnmodels.wan22.bench [--out-dir docs/benchmarks] [--quick]``: what ``nox -s bench-wan22`` runs.
 
-On one small config, in one process (CPU mode, FP32):
+On one small config (CPU mode, FP32), seven cases: a DiT step of ours eager, ours compiled (AOTInductor)
+and diffusers' ``WanTransformer3DModel``; a VAE decode of ours and diffusers', untiled and tiled. For each:
 
-- per-step DiT time: ours eager, ours compiled (AOTInductor), diffusers' ``WanTransformer3DModel``;
-- VAE decode time, untiled and tiled, ours and diffusers';
-- peak memory added by each (RSS high-water mark, ``trnmodels.core.bench.measure.PeakMemory``).
+- time: median over repeats after a warm-up, all cases in this process, one after the other;
+- peak memory: median over repeats of the case alone in a fresh process (``run_in_fresh_process`` and
+  ``case_memory`` of ``trnmodels.core.bench.measure``, glibc's mmap threshold fixed by ``EXACT_RSS_ENV``):
+  the RSS its model holds, the peak its first pass adds, the peak above the process's post-import
+  baseline, and the process's peak. In one process the allocator keeps the pages of earlier cases and
+  warm-ups, and later cases reuse them, which hides their peaks.
 
 Writes ``wan22.md``, ``wan22.json`` and ``wan22.png`` (the ratios) into ``--out-dir``. CPU timings say how
 our graphs compare with the reference on the same host, not what a NeuronCore does.
@@ -56,60 +60,137 @@ TILES = dict(
 )
 
 
-def measure(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    from trnmodels.core.bench.measure import PeakMemory
+CASES = (
+    "dit_diffusers",
+    "dit_eager",
+    "dit_compiled",
+    "vae_decode_diffusers",
+    "vae_decode_untiled",
+    "vae_decode_tiled",
+    "vae_decode_diffusers_tiled",
+)
 
+
+def save_checkpoints(work_dir: Path) -> None:
+    """Random diffusers DiT and VAE in ``work_dir/transformer`` and ``work_dir/vae``; the cases load them."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    torch.manual_seed(0)
+    WanTransformer3DModel(**DIT).save_pretrained(work_dir / "transformer")
+    AutoencoderKLWan(**VAE).save_pretrained(work_dir / "vae")
+
+
+def compile_ours(dit: Any, cache_dir: Path) -> list[Any]:
+    from trnmodels.wan22.transformer import compile_dit
+
+    return compile_dit(
+        dit,
+        model_name="wan22_transformer",
+        batch_size=1,
+        latent_shape=LATENT[1:],
+        text_len=TEXT_LEN,
+        cache_dir=cache_dir,
+    )
+
+
+def load_reference(cls: Any, path: Path) -> Any:
+    """A diffusers model from ``save_pretrained`` output: built from its config (random init), then its
+    state dict loaded. The DiT's ``from_pretrained`` needs accelerate (for its FP32-kept modules), which
+    the bench environment does not have."""
+    from safetensors.torch import load_file
+
+    model = cls.from_config(cls.load_config(path))
+    model.load_state_dict(load_file(path / "diffusion_pytorch_model.safetensors"))
+    return model.eval()
+
+
+def build_case(name: str, work_dir: Path) -> Callable[[], Any]:
+    """Load the case's model from ``work_dir`` and make its inputs; the returned callable is one pass.
+    ``dit_compiled`` loads the graph from ``work_dir/cache``, where ``run`` compiled it."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from trnmodels.wan22.transformer import WanDiT
+    from trnmodels.wan22.vae import Wan22VAE
+
+    if name not in CASES:
+        raise ValueError(f"unknown case {name!r}; expected one of {', '.join(CASES)}")
+    gen = torch.Generator().manual_seed(1)
+    if name.startswith("dit_"):
+        x = torch.randn(1, *LATENT, generator=gen)
+        t = torch.tensor([500], dtype=torch.int64)
+        text = torch.randn(1, TEXT_LEN, DIT["text_dim"], generator=gen)
+        if name == "dit_diffusers":
+            ref = load_reference(WanTransformer3DModel, work_dir / "transformer")
+            return lambda: ref(x, t, text, return_dict=False)
+        ours = WanDiT.from_pretrained(work_dir / "transformer", dtype=torch.float32)
+        if name == "dit_compiled":
+            misses = [r.name for r in compile_ours(ours, work_dir / "cache") if r.cache != "hit"]
+            if misses:  # a compile here would be measured as the case's memory
+                raise RuntimeError(
+                    f"dit_compiled: {misses} not in the compile cache {work_dir / 'cache'} "
+                    "(did a core or plugin source file change since the bench compiled it?)"
+                )
+        return lambda: ours(x, t, text)
+    z = torch.randn(1, *LATENT, generator=gen)  # the DiT's video: 17 frames of 128x128
+    cls = AutoencoderKLWan if "diffusers" in name else Wan22VAE
+    vae = cls.from_pretrained(work_dir / "vae").eval()
+    if name.endswith("_tiled"):
+        vae.enable_tiling(**TILES)
+    return lambda: vae.decode(z)
+
+
+def memory_case(name: str, work_dir: str) -> dict[str, Any]:
+    """``name``'s memory, in a fresh process started by ``run``: imports first, so the baseline holds them."""
+    import diffusers  # noqa: F401
+
+    import trnmodels.wan22.transformer
+    import trnmodels.wan22.vae  # noqa: F401
+    from trnmodels.core.bench.measure import case_memory
+
+    return case_memory(lambda: build_case(name, Path(work_dir)))
+
+
+def measure(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` after a warm-up."""
     with torch.no_grad():
-        fn()  # warm-up
+        fn()
         times = []
-        with PeakMemory() as mem:
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_added_mb": mem.result["peak_added"] / 2**20}
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run(out_dir: Path, quick: bool) -> dict[str, Any]:
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-
-    from trnmodels.wan22.transformer import WanDiT, compile_dit
-    from trnmodels.wan22.vae import Wan22VAE
+    from trnmodels.core.bench.measure import EXACT_RSS_ENV, median_fields, run_in_fresh_process
 
     repeats = 1 if quick else 3
-    torch.manual_seed(0)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="wan22-bench-") as tmp:
-        ref_dit = WanTransformer3DModel(**DIT).eval()
-        ref_dit.save_pretrained(Path(tmp) / "transformer")
-        ours = WanDiT.from_pretrained(Path(tmp) / "transformer", dtype=torch.float32)
-        x = torch.randn(1, *LATENT)
-        t = torch.tensor([500], dtype=torch.int64)
-        text = torch.randn(1, TEXT_LEN, DIT["text_dim"])
-        results["dit_diffusers"] = measure(lambda: ref_dit(x, t, text, return_dict=False), repeats)
-        results["dit_eager"] = measure(lambda: ours(x, t, text), repeats)
-        start = time.perf_counter()
-        compile_dit(
-            ours,
-            model_name="wan22_transformer",
-            batch_size=1,
-            latent_shape=LATENT[1:],
-            text_len=TEXT_LEN,
-            cache_dir=Path(tmp) / "cache",
-        )
-        results["dit_compile_seconds"] = time.perf_counter() - start
-        results["dit_compiled"] = measure(lambda: ours(x, t, text), repeats)
+        work_dir = Path(tmp)
+        save_checkpoints(work_dir)
+        for name in CASES:
+            if name == "dit_compiled":
+                from trnmodels.wan22.transformer import WanDiT
 
-        ref_vae = AutoencoderKLWan(**VAE).eval()
-        ref_vae.save_pretrained(Path(tmp) / "vae")
-        vae = Wan22VAE.from_pretrained(Path(tmp) / "vae").eval()
-        z = torch.randn(1, *LATENT)  # the DiT's video: 17 frames of 128x128
-        results["vae_decode_diffusers"] = measure(lambda: ref_vae.decode(z), repeats)
-        results["vae_decode_untiled"] = measure(lambda: vae.decode(z), repeats)
-        vae.enable_tiling(**TILES)
-        ref_vae.enable_tiling(**TILES)
-        results["vae_decode_tiled"] = measure(lambda: vae.decode(z), repeats)
-        results["vae_decode_diffusers_tiled"] = measure(lambda: ref_vae.decode(z), repeats)
+                dit = WanDiT.from_pretrained(work_dir / "transformer", dtype=torch.float32)
+                start = time.perf_counter()
+                compile_ours(dit, work_dir / "cache")
+                results["dit_compile_seconds"] = time.perf_counter() - start
+                del dit
+            seconds = measure(build_case(name, work_dir), repeats)
+            # Right after the timing: the cache key holds a digest of the sources, so the child finds the
+            # graph compiled above unless a source file changes in between.
+            memory = median_fields(
+                [
+                    run_in_fresh_process("trnmodels.wan22.bench:memory_case", name, tmp, env=EXACT_RSS_ENV)
+                    for _ in range(repeats)
+                ]
+            )
+            results[name] = {"seconds": seconds, "hwm_reset": memory.pop("hwm_reset")} | {
+                f"{k}_mb": v / 2**20 for k, v in memory.items()
+            }
 
     d = results
     ratios = {
@@ -118,8 +199,10 @@ def run(out_dir: Path, quick: bool) -> dict[str, Any]:
         "vae untiled / diffusers (time)": d["vae_decode_untiled"]["seconds"]
         / d["vae_decode_diffusers"]["seconds"],
         "vae tiled / untiled (time)": d["vae_decode_tiled"]["seconds"] / d["vae_decode_untiled"]["seconds"],
-        "vae tiled / untiled (peak memory)": d["vae_decode_tiled"]["peak_added_mb"]
-        / max(d["vae_decode_untiled"]["peak_added_mb"], 1e-9),
+        "vae untiled / diffusers (decode peak)": d["vae_decode_untiled"]["pass_added_mb"]
+        / max(d["vae_decode_diffusers"]["pass_added_mb"], 1e-9),
+        "vae tiled / untiled (decode peak)": d["vae_decode_tiled"]["pass_added_mb"]
+        / max(d["vae_decode_untiled"]["pass_added_mb"], 1e-9),
     }
     report = {
         "config": {"dit": DIT, "vae": VAE, "latent": LATENT, "text_len": TEXT_LEN, "tiles": TILES},
@@ -131,6 +214,7 @@ def run(out_dir: Path, quick: bool) -> dict[str, Any]:
             "torch": torch.__version__,
         },
         "repeats": repeats,
+        "quick": quick,
         "results": results,
         "ratios": ratios,
     }
@@ -151,6 +235,12 @@ def write(out_dir: Path, report: dict[str, Any]) -> None:
         ("VAE decode, ours tiled", r["vae_decode_tiled"]),
         ("VAE decode, diffusers tiled", r["vae_decode_diffusers_tiled"]),
     ]
+    n = report["repeats"]
+    runs = (
+        "one timed run and one memory process"
+        if n == 1
+        else f"the median of {n} timed runs and {n} memory processes"
+    )
     lines = [
         "# Wan2.2 benchmark (CPU mode)",
         "",
@@ -161,11 +251,29 @@ def write(out_dir: Path, report: dict[str, Any]) -> None:
         "",
         f"Host: {host['cpus']} CPUs ({host['threads']} torch threads), load average {host['load_average_1m']:.1f} "
         f"at the end of the run (the machine is shared: absolute times are noisy, ratios less so), "
-        f"torch {host['torch']}; median of {report['repeats']} runs after a warm-up.",
+        f"torch {host['torch']}; {runs} per case (timing after a warm-up)"
+        + (" (`--quick`)." if report.get("quick") else "."),
         "",
-        "| what | median s | peak RSS added (MB) |",
-        "|---|---:|---:|",
-        *(f"| {name} | {m['seconds']:.3f} | {m['peak_added_mb']:.0f} |" for name, m in rows),
+        "Time is measured in the benchmark's process, the cases one after the other. Memory is measured",
+        "with each case alone in a fresh process (its imports done first), from the RSS high-water mark",
+        "(`VmHWM`, reset before each phase), with glibc's mmap threshold fixed at 64 KiB",
+        "(`MALLOC_MMAP_THRESHOLD_`) so freed tensors go back to the OS and a peak is that of live memory,",
+        "repeatable from run to run (with the default, growing threshold one case varied by up to 50%).",
+        "*model* is the RSS the loaded model and its inputs hold above",
+        "the post-import baseline; *pass peak* is the most the first pass (one DiT step, one whole decode)",
+        "adds above that, its activations and first-call caches; *peak added* is the highest RSS of loading",
+        "and the pass above the baseline; *process peak* is the whole process's high-water mark, Python,",
+        "torch and diffusers included. CPU RSS, not NeuronCore memory. diffusers' DiT is built from its",
+        "config and then loads its state dict (its `from_pretrained` needs accelerate, not installed), so",
+        "while loading it holds the weights twice: its *peak added* is not a fair comparison of loading.",
+        "",
+        "| what | median s | model (MB) | pass peak (MB) | peak added (MB) | process peak (MB) |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {m['seconds']:.3f} | {m['build_added_mb']:.0f} | {m['pass_added_mb']:.0f} "
+            f"| {m['peak_added_mb']:.0f} | {m['process_peak_mb']:.0f} |"
+            for name, m in rows
+        ),
         "",
         f"DiT compile (AOTInductor, one graph): {r['dit_compile_seconds']:.0f} s.",
         "",

@@ -124,18 +124,21 @@ class Wan22Pipeline(CFGParallelMixin, WanPipeline):
         enable_ring_attention: bool | None = None,
         vae_use_tiling: bool = False,
         vae_patch_parallel_size: int = 1,
+        boundary_ratio: float | None = None,
     ):
         """Build every component from a diffusers checkpoint directory and load this rank's weights.
 
         The process groups must already exist (``init_parallel_state`` on every rank); ``tp``, ``cp`` and
         ``cfg_parallel`` state the mesh this pipeline expects, and a mismatch is an error. Only the VAE
         rank(s) (rank 0, or the first ``vae_patch_parallel_size`` ranks) build the VAE; the others return
-        ``frames=None`` unless ``output_type="latent"``.
+        ``frames=None`` unless ``output_type="latent"``. ``boundary_ratio`` overrides ``model_index.json``'s
+        (a stage option of vLLM-Omni).
         """
         checkpoint_dir = Path(checkpoint_dir)
         check_layout(tp, cfg_parallel, cp)
         index = read_model_index(checkpoint_dir)
-        boundary_ratio = index.get("boundary_ratio")
+        if boundary_ratio is None:
+            boundary_ratio = index.get("boundary_ratio")
         for name in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer"):
             if not has_component(index, checkpoint_dir, name):
                 raise ConfigError(
