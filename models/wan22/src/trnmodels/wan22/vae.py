@@ -82,10 +82,17 @@ class CausalChunk(torch.nn.Module):
         self.decoder = decoder
 
     def forward(self, x: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.run(x, list(cache))
+
+    def run(self, x: torch.Tensor, cache: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``forward`` that empties ``cache``: each entry is then held only by the network's cache list,
+        which replaces it conv by conv (as diffusers does), so the old and the new cache are never both
+        whole in memory."""
         feat_cache: list[Any] = [None] * self.num_convs
         if not self.first:
             for slot, tensor in zip(self.slots, cache, strict=True):
                 feat_cache[slot] = tensor
+        cache.clear()
         extra = {"first_chunk": self.first} if self.decoder else {}
         out = self.post(self.net(self.pre(x), feat_cache=feat_cache, feat_idx=[0], **extra))
         return (
@@ -171,20 +178,23 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
         return self._state("chunks")[key]
 
     def _run(
-        self, kind: str, first: bool, x: torch.Tensor, cache: tuple[torch.Tensor, ...], first_shape: Shape
-    ):
+        self, kind: str, first: bool, x: torch.Tensor, cache: list[torch.Tensor], first_shape: Shape
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One chunk; ``cache`` is consumed (emptied) so its entries are freed as the chunk replaces them."""
         key = (kind, first, first_shape, x.dtype)
         fn = self._state("compiled").get(key)
         if fn is None:
-            out = self.chunk_module(kind, first, first_shape, x.dtype)(x, *cache)
+            out = self.chunk_module(kind, first, first_shape, x.dtype).run(x, cache)
         else:  # a compiled graph assumes the dense layout it was traced with; slices and caches may not be
-            out = fn(*(t.contiguous() for t in (x, *cache)))
-        return out[0], tuple(out[1:])
+            args = [t.contiguous() for t in (x, *cache)]
+            cache.clear()
+            out = fn(*args)
+        return out[0], list(out[1:])
 
     def _decode_frames(self, z: torch.Tensor) -> torch.Tensor:
         """Decode ``[B, z_dim, T, h, w]`` latents one frame at a time (no tiling, no clamp)."""
         first_shape = (*z.shape[:2], 1, *z.shape[3:])
-        out, cache = self._run(DECODER, True, z[:, :, :1], (), first_shape)
+        out, cache = self._run(DECODER, True, z[:, :, :1], [], first_shape)
         frames = [out]
         for t in range(1, z.shape[2]):
             out, cache = self._run(DECODER, False, z[:, :, t : t + 1], cache, first_shape)
@@ -194,7 +204,7 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
     def _encode_frames(self, x: torch.Tensor) -> torch.Tensor:
         """Encode ``[B, C, 1 + 4k, H, W]`` video in chunks of 1, 4, 4, ... frames (no tiling)."""
         first_shape = (*x.shape[:2], 1, *x.shape[3:])
-        out, cache = self._run(ENCODER, True, x[:, :, :1], (), first_shape)
+        out, cache = self._run(ENCODER, True, x[:, :, :1], [], first_shape)
         chunks = [out]
         for t in range(1, x.shape[2], ENCODER_CHUNK):
             out, cache = self._run(ENCODER, False, x[:, :, t : t + ENCODER_CHUNK], cache, first_shape)
