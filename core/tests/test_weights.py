@@ -322,6 +322,37 @@ def test_load_parameters_converts_dtype(tmp_path: Path, from_files: bool):
     torch.testing.assert_close(model.custom.data, (sd["model.table"][:2] * 2).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("key, stored", [("model.proj.weight", torch.int8), ("model.norm", torch.bool)])
+def test_integer_or_bool_tensor_for_a_float_parameter_is_refused(
+    tmp_path: Path, key: str, stored: torch.dtype
+):
+    """Issue 17: an int8 tensor where a float weight belongs was cast silently into a wrong model."""
+    sd = _tiny_state()
+    sd[key] = sd[key].to(stored)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"{key} .*stores {stored}.*expects torch.bfloat16"):
+        load_parameters(_Tiny(), SafetensorsCheckpoint(tmp_path), TINY_MAP, progress=False)
+
+
+def test_an_integer_key_fused_with_float_keys_is_refused():
+    """torch.cat would promote the int8 half of a fused weight to float without a word."""
+    sd = {"gate": torch.randn(6, 4), "up": torch.randn(6, 4).to(torch.int8)}
+    model = nn.Module()
+    model.gate_up = nn.Parameter(torch.empty(12, 4), requires_grad=False)
+    set_weight_loader(model.gate_up, concat_sharded(0))
+    with pytest.raises(CheckpointError, match=r"up \[6, 4\].*stores torch.int8 but parameter gate_up"):
+        load_parameters(model, StateDictCheckpoint(sd), {"gate_up": ["gate", "up"]}, progress=False)
+
+
+def test_a_dequantizing_loader_may_read_integer_storage():
+    """Packed integers are fine when the parameter's loader turns them into floats (the MXFP4 path)."""
+    sd = _tiny_state({"model.table": torch.arange(30, dtype=torch.uint8).reshape(5, 6)})
+    model = _Tiny()
+    set_weight_loader(model.custom, lambda ts, rank, world: ts[0].read(slice(0, 2)).float() / 2)
+    load_parameters(model, StateDictCheckpoint(sd), TINY_MAP, progress=False)
+    assert model.custom[1, 0].item() == 3.0
+
+
 def test_load_parameters_rank_local(tmp_path: Path):
     sd = _tiny_state()
     model = _Tiny(dtype=torch.float32, tp=ProcessGroupHandle("tp", 2, 1))

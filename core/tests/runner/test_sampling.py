@@ -52,3 +52,40 @@ def test_rows_are_independent():
         logits, torch.tensor([0.0, 0.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), torch.zeros(2, 5)
     )
     assert out.tolist() == [4, 0]
+
+
+def test_request_seeds_cover_every_64_bit_seed_and_index():
+    """Any seed in [0, 2**64 - 1] and any batch index gives a seed torch accepts; (seed, index) pairs differ."""
+    from trnmodels.core.runner.engine import request_seed
+
+    seeds = [0, 1, 2**62, 2**63 - 1, 2**63, 2**64 - 1]
+    derived = {request_seed(s, i) for s in seeds for i in (0, 1, 10**6)}
+    assert len(derived) == 3 * len(seeds)
+    for value in derived:
+        torch.Generator().manual_seed(value)
+    assert request_seed(2**64 - 1, 3) == request_seed(2**64 - 1, 3)
+
+
+def test_sampling_params_refuse_non_finite_and_out_of_range_values():
+    import pytest
+
+    from trnmodels.core.errors import InputError
+    from trnmodels.core.runner.config import SamplingParams
+
+    for bad in (
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_p=float("nan")),
+        dict(seed=-1),
+        dict(seed=2**64),
+    ):
+        with pytest.raises(InputError):
+            SamplingParams(**bad)
+    SamplingParams(temperature=1.0, seed=2**64 - 1)
+
+
+def test_step_graph_flags_rows_whose_logits_are_not_finite():
+    from trnmodels.core.runner.graphs import finite_rows
+
+    logits = torch.tensor([[0.0, 1.0], [float("nan"), 1.0], [0.0, float("inf")], [float("-inf"), 0.0]])
+    assert finite_rows(logits).tolist() == [True, False, False, False]

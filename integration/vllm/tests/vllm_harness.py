@@ -266,12 +266,18 @@ def vllm_env(**overrides: str) -> dict[str, str]:
     return env | overrides
 
 
-def run_offline(checkpoint: Path, tmp_path: Path, **env: str) -> dict:
-    """Generate ``PROMPTS`` and ``CHATS`` greedily with ``vllm.LLM`` in a fresh interpreter."""
+def run_offline(
+    checkpoint: Path,
+    tmp_path: Path,
+    prompts: list[str] = PROMPTS,
+    chats: list[list[dict[str, str]]] = CHATS,
+    **env: str,
+) -> dict:
+    """Generate ``prompts`` and ``chats`` greedily with ``vllm.LLM`` in a fresh interpreter."""
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
-            {"prompts": PROMPTS, "chats": CHATS, "max_tokens": MAX_TOKENS, "max_model_len": MAX_MODEL_LEN}
+            {"prompts": prompts, "chats": chats, "max_tokens": MAX_TOKENS, "max_model_len": MAX_MODEL_LEN}
         )
     )
     proc = subprocess.run(

@@ -40,7 +40,7 @@ def main() -> None:
     )
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
     completions = llm.generate(request["prompts"], params, use_tqdm=False)
-    chats = llm.chat(request["chats"], params, use_tqdm=False)
+    chats = llm.chat(request["chats"], params, use_tqdm=False) if request["chats"] else []
     result = {
         "model": llm.apply_model(describe)[0],
         "completions": [

@@ -80,8 +80,18 @@ def test_kv_sharing_without_a_source_layer(make_checkpoint):
 def test_bidirectional_attention_is_refused(make_checkpoint):
     ckpt, _ = make_checkpoint()
     edit_text_config(ckpt, use_bidirectional_attention="all")
-    with pytest.raises(ConfigError, match="use_bidirectional_attention='all' is not supported"):
+    with pytest.raises(ConfigError) as e:
         build_model(ckpt, NeuronConfig(), load=False)
+    message = str(e.value)
+    assert "text_config.use_bidirectional_attention='all' is not supported" in message, message
+    assert "accepts null or 'vision'" in message, message
+
+
+def test_vision_bidirectional_attention_is_accepted(make_checkpoint):
+    """The published 26B-A4B and 31B-it set "vision": only image tokens attend both ways; text is causal."""
+    ckpt, _ = make_checkpoint()
+    edit_text_config(ckpt, use_bidirectional_attention="vision")
+    build_model(ckpt, NeuronConfig(), load=False)
 
 
 def test_expert_parallelism_must_divide_the_experts():

@@ -60,6 +60,12 @@ def hf_config(**overrides) -> transformers.GptOssConfig:
 def build_hf(seed: int = 0, **overrides) -> transformers.GptOssForCausalLM:
     torch.manual_seed(seed)
     model = transformers.GptOssForCausalLM(hf_config(**overrides)).eval()
+    perturb(model)
+    return model
+
+
+def perturb(model: torch.nn.Module) -> None:
+    """Make a wrong key mapping or a flipped expert choice show in the logits."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             # Random init leaves norms at 1 and biases at 0; perturb them so a wrong mapping would show.
@@ -68,7 +74,6 @@ def build_hf(seed: int = 0, **overrides) -> transformers.GptOssForCausalLM:
             # Larger router logits make top-k choices well separated, so FP32 rounding never flips one.
             if "router" in name:
                 p.mul_(20.0)
-    return model
 
 
 def quantize_checkpoint(src: Path, dst: Path) -> Path:

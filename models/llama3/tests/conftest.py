@@ -39,14 +39,18 @@ def hf_config(**overrides) -> transformers.LlamaConfig:
     return transformers.LlamaConfig(**{**BASE, **overrides})
 
 
-def build_hf(seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(hf_config(**overrides)).eval()
-    # Random init leaves norms at 1; perturb them so a norm mapped to the wrong key would show.
+def perturb(model: torch.nn.Module) -> None:
+    """Random init leaves norms at 1; perturb them so a norm mapped to the wrong key would show."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+
+
+def build_hf(seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(hf_config(**overrides)).eval()
+    perturb(model)
     return model
 
 

@@ -9,7 +9,7 @@ from trnmodels.llama3 import demo
 
 
 def test_demo_report_passes(capsys):
-    assert demo.main(["--new-tokens", "6"]) == 0
+    assert demo.main(["--tiny", "--new-tokens", "6"]) == 0
     out = capsys.readouterr().out
     assert "RESULT: PASS" in out
     assert "BF16 three-way" in out and "KV cache cosine" in out
@@ -22,5 +22,5 @@ def test_demo_report_catches_an_off_by_one_rope(capsys, monkeypatch):
         return real(inv_freq, positions + 1, *args)
 
     monkeypatch.setattr(rotary, "cos_sin", shifted)
-    assert demo.main(["--new-tokens", "6"]) == 1
+    assert demo.main(["--tiny", "--new-tokens", "6"]) == 1
     assert "RESULT: FAIL" in capsys.readouterr().out

@@ -13,8 +13,6 @@ from trnmodels.core.parallel import init_parallel_state
 from trnmodels.core.runner.score import teacher_forced_logits
 from trnmodels.core.runtime_config import NeuronConfig
 
-from .conftest import run_cli
-
 
 def edit_config(ckpt, **changes):
     path = ckpt / "config.json"
@@ -154,11 +152,47 @@ def test_token_ids_out_of_range(make_checkpoint):
         teacher_forced_logits(model, [-1])
 
 
-def test_cli_reports_errors_and_writes_nothing(make_checkpoint, tmp_path):
+# The CLI's bad inputs (token ids out of range, --out, --tp/--ep, NaN weights, ...) are the table in
+# core/tests/cli/bad_inputs.py, run by core/tests/cli/test_cli_bad_inputs.py.
+
+
+def test_model_type_must_match_the_architecture(make_checkpoint):
     ckpt, _ = make_checkpoint()
-    out = tmp_path / "logits.safetensors"
-    done = run_cli("logits", str(ckpt), "--token-ids", "1,2,500", "--out", str(out))
-    assert done.returncode == 2
-    assert "id 500 at position 2 is out of range for vocab size 97" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    edit_config(ckpt, model_type="gemma4")
+    with pytest.raises(
+        ConfigError, match=r"model_type 'gemma4' contradicts architectures\[0\] 'LlamaForCausalLM'"
+    ):
+        build_model(ckpt, NeuronConfig(), load=False)
+
+
+def test_every_plugin_declares_the_model_type_of_each_architecture():
+    from trnmodels.core.plugins import discover_plugins
+
+    for plugin in discover_plugins().values():
+        assert set(plugin.model_types) == set(plugin.architectures), plugin.name
+
+
+def test_dense_llama_refuses_expert_parallelism(make_checkpoint):
+    from trnmodels.llama3.factory import validate
+
+    _, hf = make_checkpoint()
+    with pytest.raises(ConfigError, match="ep_degree=2: expert parallelism needs a mixture-of-experts model"):
+        validate(hf.config, NeuronConfig(tp_degree=2, ep_degree=2))
+
+
+def test_a_mesh_the_model_refuses_is_refused_before_ranks_start(make_checkpoint, monkeypatch):
+    import torch.multiprocessing
+
+    from trnmodels.core.runner.config import RunnerConfig, SamplingParams
+    from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
+    from trnmodels.core.runner.score import score_checkpoint
+
+    monkeypatch.setattr(
+        torch.multiprocessing, "start_processes", lambda *a, **k: pytest.fail("ranks started")
+    )
+    ckpt, _ = make_checkpoint()
+    with pytest.raises(ShardingError, match="num_attention_heads=4 is not divisible by tp_degree=3"):
+        score_checkpoint(ckpt, [1, 2, 3], tp=3)
+    job = GenerateJob(str(ckpt), ((1, 2),), SamplingParams(max_new_tokens=2), RunnerConfig(max_model_len=64))
+    with pytest.raises(ConfigError, match="ep_degree=2: expert parallelism needs a mixture-of-experts"):
+        generate_token_ids(job, tp=1, ep=2)

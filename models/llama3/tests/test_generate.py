@@ -16,6 +16,7 @@ from trnmodels.core.errors import ConfigError, InputError
 from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.engine import Runner
 from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
+from trnmodels.core.runner.score import NonFiniteLogitsError
 from trnmodels.llama3.demo import build_demo_checkpoint
 
 from .conftest import LLAMA3_ROPE, run_cli
@@ -103,6 +104,23 @@ def test_seeded_sampling_is_reproducible(make_checkpoint):
     assert alone == first[0]
 
 
+def test_sampling_accepts_any_64_bit_seed_and_none(make_checkpoint):
+    """Issue 17: seeds past 2**63 (and the random seed drawn without one) overflowed the generator seed."""
+    ckpt, _ = make_checkpoint(seed=4)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    runner = Runner(model, RUNNER)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    unseeded = SamplingParams(max_new_tokens=3, temperature=1.0, ignore_eos=True)
+    assert [len(r.token_ids) for r in runner.generate(prompts, unseeded)] == [3, 3]
+    draws = {}
+    for seed in (2**63 - 1, 2**63, 2**64 - 1):
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed, ignore_eos=True)
+        draws[seed] = [r.token_ids for r in runner.generate(prompts, params)]
+        assert draws[seed] == [r.token_ids for r in runner.generate(prompts, params)]
+        assert runner.generate([prompts[0]], params)[0].token_ids == draws[seed][0]
+    assert len({str(d) for d in draws.values()}) == 3
+
+
 def test_compiled_graphs_match_eager_and_a_second_compile_only_hits(make_checkpoint, tmp_path, monkeypatch):
     ckpt, _ = make_checkpoint(seed=5)
     runner_cfg = RunnerConfig(
@@ -150,6 +168,29 @@ def test_bad_requests_are_refused(make_checkpoint):
     assert runner.allocator.num_free == RUNNER.num_blocks - 1
 
 
+def test_non_finite_logits_stop_generation_naming_prompt_step_and_position(make_checkpoint):
+    """Issue 17: NaN logits used to sample token 0 at every step; the step graph flags them instead."""
+    ckpt, _ = make_checkpoint(seed=6)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    compute_logits, calls = model.compute_logits, []
+
+    def nan_in_second_row_of_third_step(hidden):
+        logits = compute_logits(hidden)
+        calls.append(len(calls))
+        if len(calls) == 3:
+            logits[1, 5] = float("nan")
+        return logits
+
+    model.compute_logits = nan_in_second_row_of_third_step
+    runner = Runner(model, RUNNER)
+    # Step 1 prefills both prompts, steps 2 and 3 decode: prompt 1 (4 tokens) gets NaN at its second decode.
+    with pytest.raises(
+        NonFiniteLogitsError, match=r"prompt 1, generation step 2: logits at position 5 are not"
+    ):
+        runner.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert runner.allocator.num_free == RUNNER.num_blocks - 1
+
+
 def test_runner_refuses_a_block_size_the_model_does_not_use(make_checkpoint):
     ckpt, _ = make_checkpoint(seed=6)
     model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), load=False)
@@ -168,14 +209,7 @@ def test_cli_generate_json_contract(tmp_path):
     outputs = json.loads(done.stdout)["outputs"]
     assert [o["prompt"] for o in outputs] == ["Hello, my name is", "The quick brown fox"]
     assert all(len(o["token_ids"]) == 5 and isinstance(o["text"], str) for o in outputs)
-
-    (tmp_path / "blocker").write_text("x")
-    bad = run_cli("compile", str(ckpt), "--cache-dir", str(tmp_path / "blocker" / "cache"))
-    assert bad.returncode == 2 and "is not writable" in bad.stderr
-    buckets = run_cli("compile", str(ckpt), "--max-num-seqs", "4", "--num-seqs-buckets", "1,2")
-    assert buckets.returncode == 2 and "largest bucket 2 cannot hold max_num_seqs = 4" in buckets.stderr
-    too_long = run_cli("generate", str(ckpt), "--prompt", "hi " * 200, "--max-new-tokens", "2")
-    assert too_long.returncode == 2 and "more than max_model_len=128" in too_long.stderr
+    # Bad input (cache dir, buckets, prompt length, sampling flags, ...): core/tests/cli/bad_inputs.py.
 
 
 def test_tp2_ranks_share_one_compiled_artifact_per_graph(make_checkpoint, tmp_path):

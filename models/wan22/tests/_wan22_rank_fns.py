@@ -54,3 +54,17 @@ def single_steps(rank: int, world_size: int, t2v_dir: str, i2v_dir: str, call: d
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+def dit_outputs(rank: int, world_size: int, checkpoint_dir: str, inputs: tuple) -> list[dict]:
+    """Both experts of ``checkpoint_dir`` in FP32 at TP=``world_size`` on the same inputs; every rank's
+    outputs (``test_published_configs.py``)."""
+    from trnmodels.wan22.transformer import WanDiT
+
+    out = {"rank": rank}
+    for name in ("transformer", "transformer_2"):
+        with torch.no_grad():
+            out[name] = WanDiT.from_pretrained(Path(checkpoint_dir) / name)(*inputs)
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, out)
+    return gathered

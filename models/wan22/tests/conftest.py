@@ -9,8 +9,11 @@ session. No Hub access: the tokenizer is trained locally.
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -118,22 +121,47 @@ class WanCheckpoint:
     kind: str  # "t2v" or "i2v"
 
 
-def make_checkpoint(out: Path, kind: str = "t2v", seed: int = 0) -> WanCheckpoint:
-    """A two-expert Wan2.2 pipeline (T2V, or I2V with image latents concatenated: 16 + 4 + 16 channels)."""
+def build_dit_from_config(seed: int, config: Mapping[str, Any]) -> WanTransformer3DModel:
+    """A random DiT built from a ``config.json``'s contents (``_class_name`` and the like included)."""
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel.from_config(dict(config)).eval()
+    perturb_norms(model)
+    return model
+
+
+def make_checkpoint(
+    out: Path, kind: str = "t2v", seed: int = 0, dit_config: Mapping[str, Any] | None = None
+) -> WanCheckpoint:
+    """A two-expert Wan2.2 pipeline (T2V, or I2V with image latents concatenated: 16 + 4 + 16 channels).
+
+    With ``dit_config`` (a ``config.json``'s contents, e.g. a published one shrunk in size only) both
+    experts are built from it and their saved ``config.json`` files are that dict verbatim, not diffusers'
+    re-serialisation; the reference pipeline is then reloaded from disk so diffusers reads the same files."""
     in_channels = 16 if kind == "t2v" else 36
+
+    def expert(expert_seed: int) -> WanTransformer3DModel:
+        if dit_config is None:
+            return build_dit(expert_seed, in_channels=in_channels)
+        return build_dit_from_config(expert_seed, dit_config)
+
     components = dict(
         tokenizer=train_tokenizer(),
         text_encoder=build_umt5(seed),
         vae=build_vae(seed),
         scheduler=build_scheduler(),
-        transformer=build_dit(seed + 1, in_channels=in_channels),
-        transformer_2=build_dit(seed + 2, in_channels=in_channels),
+        transformer=expert(seed + 1),
+        transformer_2=expert(seed + 2),
         boundary_ratio=BOUNDARY_RATIO,
     )
     cls = WanPipeline if kind == "t2v" else WanImageToVideoPipeline
     pipe = cls(**components)
     pipe.set_progress_bar_config(disable=True)
     pipe.save_pretrained(out)
+    if dit_config is not None:
+        for name in ("transformer", "transformer_2"):
+            (out / name / "config.json").write_text(json.dumps(dict(dit_config), indent=2))
+        pipe = cls.from_pretrained(out)
+        pipe.set_progress_bar_config(disable=True)
     return WanCheckpoint(out, pipe, kind)
 
 

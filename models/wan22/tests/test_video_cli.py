@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 
 import pytest
 import torch
@@ -14,6 +15,10 @@ from safetensors.torch import load_file
 
 from trnmodels.core.cli import main
 from trnmodels.core.diffusion import video_cli
+from trnmodels.core.parallel import launch
+from trnmodels.core.testing.bad_inputs import BadInput, check_one_line_error
+
+from .bad_inputs import BAD_INPUTS
 
 ARGS = dict(num_frames=5, height=32, width=32, steps=2, seed=7, guidance_scale=4.0, guidance_scale_2=3.0)
 PROMPT, NEGATIVE = "a red fox running through snow", "blurry"
@@ -173,27 +178,78 @@ def test_video_cfg_parallel_two_ranks(tiny_t2v, reference_latents, tmp_path):
     torch.testing.assert_close(latents, reference_latents.float(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--num-frames", "6"], "num_frames=6 is not of the form 4k\\+1"),
-        (["--height", "40"], "height=40 is not divisible by 16"),
-        (["--image", "missing.png"], "--image: missing.png is not a file"),
-        (["--flow-shift", "0"], "--flow-shift: expected a positive number, got 0.0"),
-        (["--flow-shift", "nan"], "--flow-shift: expected a positive number, got nan"),
-        (["--vae-patch-parallel", "2"], "--vae-patch-parallel 2 exceeds the 1 rank\\(s\\) of the mesh"),
-        (["--ring-attention"], "--ring-attention applies to context parallelism: it needs --cp 2"),
-        (["--no-ring-attention"], "--no-ring-attention applies to context parallelism"),
-    ],
-)
-def test_bad_input_is_one_line(tiny_t2v, tmp_path, capsys, extra, message):
-    assert main([*cli_args(tiny_t2v.path, tmp_path), *extra]) == 2
-    err = capsys.readouterr().err
-    assert "trnmodels video: error:" in err
-    assert __import__("re").search(message, err), err
-    assert not (tmp_path / "out.mp4").exists() and not (tmp_path / "latents.safetensors").exists()
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    """``trnmodels ARGV`` in this process: (exit code, stderr); argparse's errors exit through SystemExit."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
 
 
-def test_image_to_video_needs_an_image(tiny_i2v, tmp_path, capsys):
-    assert main(cli_args(tiny_i2v.path, tmp_path)) == 2
-    assert "image-to-video checkpoint" in capsys.readouterr().err
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fail if the command starts its ranks: bad input must be refused before any process starts."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("run_on_ranks was called: a rank was started before the input was checked")
+
+    monkeypatch.setattr(launch, "run_on_ranks", started)
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[case.input for case in BAD_INPUTS])
+def test_bad_input_is_one_line_before_any_rank_starts(
+    tiny_t2v, tmp_path, monkeypatch, capsys, no_ranks, case
+):
+    monkeypatch.chdir(tmp_path)  # the cases name files relative to the working directory
+    (tmp_path / "clips.mp4").mkdir()
+    (tmp_path / "notes.txt").write_text("not an image\n")
+    old = {name: f"old {name}".encode() for name in ("out.mp4", "latents.safetensors")}
+    for name, content in old.items():
+        (tmp_path / name).write_bytes(content)
+    extra = shlex.split(case.input, comments=True)
+    code, err = run([*cli_args(tiny_t2v.path, tmp_path), *extra], capsys)
+    check_one_line_error(code, err, case)
+    for name, content in old.items():  # what was on disk is still there, and nothing half-written
+        assert (tmp_path / name).read_bytes() == content
+    assert not list(tmp_path.glob("*partial*"))
+
+
+def test_existing_outputs_are_kept_until_both_new_files_are_complete(tiny_t2v, tmp_path, monkeypatch):
+    """A run that fails while writing (here the MP4 encoder) leaves both old files as they were."""
+    import imageio.v2 as imageio
+    import numpy as np
+
+    old = {name: f"old {name}".encode() for name in ("out.mp4", "latents.safetensors")}
+    for name, content in old.items():
+        (tmp_path / name).write_bytes(content)
+    result = {"latents": torch.zeros(1, 16, 2, 4, 4), "frames": np.zeros((1, 5, 32, 32, 3), np.float32)}
+    monkeypatch.setattr(launch, "run_on_ranks", lambda *args: result)
+
+    def broken_writer(*args, **kwargs):
+        raise RuntimeError("the encoder died")
+
+    monkeypatch.setattr(imageio, "get_writer", broken_writer)
+    with pytest.raises(RuntimeError, match="the encoder died"):
+        main(cli_args(tiny_t2v.path, tmp_path))
+    for name, content in old.items():
+        assert (tmp_path / name).read_bytes() == content
+    assert not list(tmp_path.glob("*partial*"))
+
+
+def test_image_to_video_needs_an_image(tiny_i2v, tmp_path, capsys, no_ranks):
+    code, err = run(cli_args(tiny_i2v.path, tmp_path), capsys)
+    check_one_line_error(
+        code, err, BadInput("video", "(an image-to-video checkpoint)", "image-to-video checkpoint")
+    )
+
+
+def test_check_request_accepts_the_meshes_the_pipeline_runs(tiny_t2v, tiny_i2v):
+    """The pre-launch check refuses nothing the pipeline runs (the 2-rank runs above use CFG 2 and CP 2)."""
+    from trnmodels.core.diffusion.registry import check_request, conditions_on_image
+
+    video = dict(num_frames=5, height=32, width=32, guidance_scale=4.0, guidance_scale_2=3.0)
+    for checkpoint, architecture in ((tiny_t2v, "WanPipeline"), (tiny_i2v, "WanImageToVideoPipeline")):
+        for mesh in (dict(tp=2), dict(cfg_parallel=2), dict(cp=2), dict(tp=2, cfg_parallel=2, cp=2)):
+            check_request(architecture, checkpoint.path, **mesh, **video)
+    assert conditions_on_image("Wan22I2VPipeline") and not conditions_on_image("Wan22Pipeline")

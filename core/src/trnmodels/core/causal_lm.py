@@ -14,7 +14,7 @@ from .errors import ConfigError, ShardingError
 from .hf_config import CONFIG_NAME, load_hf_config, read_config_dict
 from .kv_cache import KVSpec
 from .parallel.state import ProcessGroupHandle, get_parallel_layout
-from .plugins import plugin_for_architecture
+from .plugins import ModelPlugin, plugin_for_architecture
 from .runtime_config import NeuronConfig
 from .weights import KeyMap, SafetensorsCheckpoint, load_parameters
 
@@ -86,6 +86,30 @@ class PagedCausalLM(nn.Module):
             )
 
 
+def resolve_checkpoint(checkpoint_dir: str | Path) -> tuple[ModelPlugin, PretrainedConfig]:
+    """The plugin serving the checkpoint's ``architectures[0]`` and its transformers config, after checking
+    that ``model_type`` is the one the plugin declares for that architecture (transformers would otherwise
+    build whatever config class ``model_type`` names, whatever the architecture says)."""
+    path = Path(checkpoint_dir) / CONFIG_NAME
+    raw = read_config_dict(checkpoint_dir)
+    architectures = raw.get("architectures")
+    if not architectures or not isinstance(architectures, list):
+        raise ConfigError(f"{path}: missing required field 'architectures' (a list naming the model class)")
+    plugin = plugin_for_architecture(architectures[0])
+    if "model_type" in raw:
+        plugin.check_model_type(architectures[0], raw["model_type"], where=f"{path}: ")
+    return plugin, load_hf_config(checkpoint_dir, plugin.required_config_fields)
+
+
+def check_model_config(checkpoint_dir: str | Path, neuron_config: NeuronConfig) -> PretrainedConfig:
+    """Everything ``build_model`` refuses before it allocates a weight: the config, and the plugin's own
+    validation against ``neuron_config`` (TP/EP degrees the model cannot split over, an unsupported
+    variant). Needs no weights and no parallel state, so a launcher calls it before starting any rank."""
+    plugin, hf_config = resolve_checkpoint(checkpoint_dir)
+    plugin.validate(hf_config, neuron_config)
+    return hf_config
+
+
 def build_model(
     checkpoint_dir: str | Path, neuron_config: NeuronConfig, *, load: bool = True, progress: bool = True
 ) -> CausalLM:
@@ -93,12 +117,7 @@ def build_model(
 
     Call after ``init_parallel_state`` on every rank; each rank builds and loads only its shard.
     """
-    path = Path(checkpoint_dir) / CONFIG_NAME
-    architectures = read_config_dict(checkpoint_dir).get("architectures")
-    if not architectures or not isinstance(architectures, list):
-        raise ConfigError(f"{path}: missing required field 'architectures' (a list naming the model class)")
-    plugin = plugin_for_architecture(architectures[0])
-    hf_config: PretrainedConfig = load_hf_config(checkpoint_dir, plugin.required_config_fields)
+    plugin, hf_config = resolve_checkpoint(checkpoint_dir)
     layout = get_parallel_layout()
     if (layout.tp, layout.ep) != (neuron_config.tp_degree, neuron_config.ep_degree):
         raise ShardingError(

@@ -15,33 +15,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import TrnModelsError
+from . import argtypes
+from .errors import InputError, TrnModelsError
 from .runtime_config import DTYPES
 
+_token_ids = argtypes.int_list
+_int_list = argtypes.int_list
+_positive = argtypes.positive_int
 
-def _token_ids(text: str) -> list[int]:
+
+def _reserve_output(out: Path) -> Path:
+    """Check that ``--out`` can be written before any work starts, by creating the temporary file the
+    result is written to first (``os.access`` would say yes to root on a read-only directory)."""
+    if out.is_dir():
+        raise InputError(f"--out: {out} is a directory; expected a file path for the .safetensors output")
+    if not out.parent.exists():
+        raise InputError(f"--out: directory {out.parent} does not exist")
+    if not out.parent.is_dir():
+        raise InputError(f"--out: {out.parent} is not a directory")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("expected at least one token id")
-    return ids
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(_token_ids(text))
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+        tmp.open("xb").close()
+    except OSError as e:
+        raise InputError(f"--out: cannot write in {out.parent}: {e.strerror or e}") from None
+    return tmp
 
 
 def cmd_logits(args: argparse.Namespace) -> dict:
@@ -51,15 +53,20 @@ def cmd_logits(args: argparse.Namespace) -> dict:
     from .runner.score import score_checkpoint
 
     out = Path(args.out)
-    if not out.parent.exists():
-        raise TrnModelsError(f"--out: directory {out.parent} does not exist")
-    logits = score_checkpoint(
-        args.checkpoint_dir, args.token_ids, args.prefill_len, tp=args.tp, ep=args.ep, dtype=args.dtype
-    )
-    # Write beside the target and rename, so an interrupted run never leaves a partial file.
-    tmp = out.with_name(out.name + ".partial")
-    save_file({"logits": logits.to(torch.float32).contiguous()}, str(tmp))
-    tmp.replace(out)
+    # The result goes to a temporary file beside the target, renamed over it only on success: a failed
+    # or interrupted run leaves neither a partial file nor a damaged previous result.
+    tmp = _reserve_output(out)
+    try:
+        logits = score_checkpoint(
+            args.checkpoint_dir, args.token_ids, args.prefill_len, tp=args.tp, ep=args.ep, dtype=args.dtype
+        )
+        try:
+            save_file({"logits": logits.to(torch.float32).contiguous()}, str(tmp))
+            tmp.replace(out)
+        except OSError as e:
+            raise InputError(f"--out: cannot write {out}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     prefill = args.prefill_len or len(args.token_ids)
     return {
         "out": str(out),
@@ -115,12 +122,15 @@ def cmd_generate(args: argparse.Namespace) -> dict:
 def cmd_compile(args: argparse.Namespace) -> dict:
     from tqdm.auto import tqdm
 
+    from .causal_lm import check_model_config
     from .compile import CompileTarget, compile_all
     from .runner.graphs import all_graph_specs
 
     target = CompileTarget(
         str(args.checkpoint_dir), _runner_config(args), tp=args.tp, dtype=args.dtype, ep=args.ep
     )
+    # A mesh or config the model refuses fails here, not in every compile worker.
+    check_model_config(args.checkpoint_dir, target.neuron_config())
     specs = all_graph_specs(target.runner)
     with tqdm(total=len(specs), desc="compiling graphs", unit="graph", disable=None) as bar:
 
@@ -238,16 +248,30 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("checkpoint_dir", type=Path)
     generate.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
     generate.add_argument("--max-new-tokens", type=_positive, required=True)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    generate.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument(
+        "--temperature", type=argtypes.finite_float(0), default=0.0, help=">= 0; 0 is greedy (default)"
+    )
+    generate.add_argument("--top-k", type=argtypes.nonnegative_int, default=0, help="0 keeps every token")
+    generate.add_argument(
+        "--top-p", type=argtypes.finite_float(0, 1, low_open=True), default=1.0, help="in (0, 1]"
+    )
+    generate.add_argument(
+        "--seed", type=argtypes.seed, default=None, help="in [0, 2**64 - 1] (default: a random seed)"
+    )
     generate.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
     generate.add_argument("--eager", action="store_true", help="skip compiled artifacts")
     _add_runtime_flags(generate)
     generate.set_defaults(run=cmd_generate)
 
-    compile_ = sub.add_parser("compile", help="compile every bucket graph ahead of time into the cache")
+    compile_ = sub.add_parser(
+        "compile",
+        help="compile every bucket graph ahead of time into the cache",
+        description="Compile every bucket graph ahead of time into the artifact cache. The artifacts are "
+        "native code that later runs load into their process, so the cache folder must be trusted: it is "
+        "created private (0700), and a cache folder, entry or artifact that other users can write (or "
+        "that another user owns) is refused: fix it with chmod -R go-w CACHE_DIR, and do not share one "
+        "cache folder between users.",
+    )
     compile_.add_argument("checkpoint_dir", type=Path, help="a checkpoint (only config.json is read)")
     compile_.add_argument("--jobs", type=_positive, default=1, help="graphs compiled in parallel processes")
     _add_runtime_flags(compile_)
@@ -256,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .diffusion.video_cli import add_video_parser  # `trnmodels video` (prints its own human output)
 
     add_video_parser(sub)
+
+    from .real_weights_cli import add_real_weights_parser  # `trnmodels real-weights`
+
+    add_real_weights_parser(sub)
 
     info = sub.add_parser("info", help="installed plugins, their versions and architectures")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -273,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        _print_human(args.command, result)
+        getattr(args, "print_human", lambda r: _print_human(args.command, r))(result)
     return 0
 
 

@@ -1,16 +1,19 @@
 """Plugin discovery. Each model distribution announces itself in the ``trnmodels.models`` entry-point group.
 
-A plugin's entry point resolves to a ``ModelPlugin``: a name, the HF architectures it serves, and the
-``"module:function"`` of its factory. Nothing here imports torch or the model code, so listing plugins
-is cheap; the factory is imported only when a model is built. Adding a model is adding a folder.
+A plugin's entry point resolves to a ``ModelPlugin``: a name, the HF architectures it serves (and the
+``model_type`` each one's config has), and the ``"module:function"`` of its factory. The factory's module
+may define ``validate(hf_config, neuron_config)``: it checks a config against a runtime config without
+building anything, so launchers refuse a bad TP/EP degree before starting ranks. Nothing here imports
+torch or the model code, so listing plugins is cheap; the factory is imported only when a model is built.
+Adding a model is adding a folder.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,26 @@ class ModelPlugin:
     distribution: str = ""
     # Fields config.json must state itself: transformers would otherwise default them silently.
     required_config_fields: tuple[str, ...] = ()
+    # The config.json ``model_type`` of each architecture (transformers picks the config class from
+    # ``model_type`` alone, so a contradicting pair would build the wrong config silently).
+    model_types: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def check_model_type(self, architecture: str, model_type: object, where: str = "") -> None:
+        """Refuse a ``model_type`` that is not the declared one for ``architecture``."""
+        expected = self.model_types.get(architecture)
+        if expected is not None and model_type != expected:
+            raise ConfigError(
+                f"{where}model_type {model_type!r} contradicts architectures[0] {architecture!r} "
+                f"(whose model_type is {expected!r})"
+            )
+
+    def validate(self, hf_config: Any, neuron_config: Any) -> None:
+        """Run the factory module's ``validate(hf_config, neuron_config)``, if it has one (no weights,
+        no parallel state)."""
+        module = importlib.import_module(self.factory.partition(":")[0])
+        check = getattr(module, "validate", None)
+        if check is not None:
+            check(hf_config, neuron_config)
 
     @property
     def package(self) -> str:

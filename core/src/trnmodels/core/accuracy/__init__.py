@@ -5,6 +5,8 @@
 - :mod:`.kv`: per-layer cosine similarity of the KV cache.
 - :mod:`.modules`: load an HF module's weights into ours through our loaders, for module tests.
 - :mod:`.validate`: the whole-model report (FP32 logits, BF16 three-way, KV cosine) against HF.
+- :mod:`.tasks`: L1, task accuracy through lm-evaluation-harness against lm_eval's ``hf`` model
+  (``task_accuracy``; needs the ``eval`` dependency group).
 """
 
 from .kv import KVCache, assert_kv_close, cosine_similarity, hf_kv_cache, kv_cache_similarity
@@ -18,6 +20,7 @@ from .logits import (
     hf_logits,
 )
 from .modules import load_from_hf_module
+from .tasks import TaskReport, task_accuracy
 from .three_way import ThreeWayReport, assert_close_three_way, bhattacharyya, compare_three_way
 from .validate import ValidationReport, validate_checkpoint
 
@@ -26,6 +29,7 @@ __all__ = [
     "KVCache",
     "LogitReport",
     "PositionReport",
+    "TaskReport",
     "ThreeWayReport",
     "ValidationReport",
     "assert_close_three_way",
@@ -40,5 +44,6 @@ __all__ = [
     "hf_logits",
     "kv_cache_similarity",
     "load_from_hf_module",
+    "task_accuracy",
     "validate_checkpoint",
 ]

@@ -235,7 +235,7 @@ def compile_all(
     misses: dict[GraphSpec, tuple[str, dict[str, Any]]] = {}
     for spec, keyed in graph_keys(target, specs).items():
         start = time.perf_counter()
-        path = cache.lookup(keyed[0])
+        path = cache.lookup(keyed[0], {"key": keyed[0], **keyed[1]})
         if path is None:
             misses[spec] = keyed
             continue

@@ -49,8 +49,8 @@ def load_compiled_graphs(
     cache = ArtifactCache(cache_dir)
     constants = _constants(model)
     graphs: dict[GraphSpec, Callable[..., torch.Tensor]] = {}
-    for spec, (key, _) in graph_keys(target, all_graph_specs(target.runner)).items():
-        path = cache.lookup(key)
+    for spec, (key, fields) in graph_keys(target, all_graph_specs(target.runner)).items():
+        path = cache.lookup(key, {"key": key, **fields})  # never another key's artifact
         if path is None:
             continue
         try:

@@ -162,7 +162,8 @@ def load_component_graph(
 ) -> Callable[..., Any] | None:
     """The compiled graph bound to ``module``'s weights, or None if it is not in the cache."""
     cache = ArtifactCache(cache_dir)
-    path = cache.lookup(graph.key()[0])
+    key, fields = graph.key()
+    path = cache.lookup(key, {"key": key, **fields})  # never another key's artifact
     return None if path is None else load_compiled_module(path, module)
 
 

@@ -5,6 +5,14 @@ a dict from architecture key (a checkpoint's ``model_index.json`` ``_class_name`
 ``model_class_name``) to the ``"module:Class"`` of the class vLLM-Omni's engine serves it with (an
 ``omni_engine.OmniDiffusionPipeline``); that class's ``pipeline_class`` is the diffusers-style pipeline
 local runners build. Nothing here imports torch or a pipeline module until a class is asked for.
+
+Two optional attributes of that pipeline class let a launcher check a request before it starts any rank
+(core knows no model's constants): ``conditions_on_image`` (an image-to-video pipeline, default false)
+and the classmethod ``check_request(checkpoint_dir, **request)``, which raises a ``TrnModelsError`` for a
+mesh or video the pipeline would refuse, reading only the checkpoint's config files (no weights, no
+model, no process group). ``request`` uses ``from_pretrained``/``__call__``'s names (``tp``,
+``cfg_parallel``, ``cp``, ``num_frames``, ``height``, ``width``, ``guidance_scale``...); a pipeline
+ignores the ones it does not take.
 """
 
 from __future__ import annotations
@@ -61,3 +69,16 @@ def checkpoint_architecture(checkpoint_dir: str | Path) -> str:
     if not isinstance(name, str):
         raise ConfigError(f"{path}: no _class_name")
     return name
+
+
+def conditions_on_image(architecture: str) -> bool:
+    """Whether the pipeline serving ``architecture`` generates from an image (image-to-video)."""
+    return bool(getattr(pipeline_class(architecture), "conditions_on_image", False))
+
+
+def check_request(architecture: str, checkpoint_dir: str | Path, **request: Any) -> None:
+    """Refuse, before any rank starts, a request the pipeline serving ``architecture`` would refuse once
+    built (its ``check_request``; a pipeline without one is not checked here)."""
+    check = getattr(pipeline_class(architecture), "check_request", None)
+    if check is not None:
+        check(checkpoint_dir, **request)

@@ -9,7 +9,13 @@ The checkpoint's ``model_index.json`` names the pipeline (through the plugins' `
 image-to-video checkpoint needs ``--image``. With a mesh larger than one rank the pipeline runs on that
 many local gloo ranks (``tp x cp x cfg-parallel``). ``--latents-out`` holds the final latents (tensor
 ``latents``, float32, before the VAE decode). Both files are written beside their target and renamed into
-place, so an interrupted run leaves nothing half-written.
+place once both are complete, so an interrupted or failed run leaves nothing half-written and the files
+already there as they were.
+
+Everything that can be checked before the ranks start is: the flags (finite floats in range, a seed in
+[0, 2**64 - 1]), the output paths (writable file paths), the image (Pillow can decode it), and the mesh
+and video size against the checkpoint's component configs (the pipeline's ``check_request``, see
+``registry``), so a bad request fails in a second with one line instead of after every rank has loaded.
 
 The last line's options are what the pipeline's ``from_pretrained`` takes beyond the mesh: the scheduler's
 ``flow_shift`` (default: the checkpoint's), VAE spatial tiling (diffusers' grid of 256 px tiles every
@@ -22,26 +28,22 @@ requires the ring, ``--no-ring-attention`` always all-gathers).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import finite_float, positive_int, seed
 from ..errors import InputError, TrnModelsError
 
 FPS = 16  # Wan2.x generates 16 frames per second of video
 DTYPES = ("float32", "bfloat16")
-_IMAGE_TO_VIDEO = ("WanImageToVideoPipeline", "Wan22ImageToVideoPipeline")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+# Guidance runs when the scale is > 1 (diffusers' switch); below that the scale is unused, and a negative
+# or non-finite one is a mistake.
+_guidance = finite_float(0)
 
 
 def add_video_parser(sub: Any) -> None:
@@ -51,18 +53,28 @@ def add_video_parser(sub: Any) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--image", type=Path, default=None, help="conditioning image (image-to-video checkpoints)")
-    p.add_argument("--num-frames", type=_positive, required=True, help="of the form 4k+1")
-    p.add_argument("--height", type=_positive, required=True)
-    p.add_argument("--width", type=_positive, required=True)
-    p.add_argument("--steps", type=_positive, required=True, help="denoising steps")
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--guidance-scale", type=float, default=5.0)
+    p.add_argument("--num-frames", type=positive_int, required=True, help="of the form 4k+1")
+    p.add_argument("--height", type=positive_int, required=True)
+    p.add_argument("--width", type=positive_int, required=True)
+    p.add_argument("--steps", type=positive_int, required=True, help="denoising steps")
+    p.add_argument("--seed", type=seed, required=True, help="an integer in [0, 2**64 - 1]")
     p.add_argument(
-        "--guidance-scale-2", type=float, default=None, help="low-noise expert (default: --guidance-scale)"
+        "--guidance-scale",
+        type=_guidance,
+        default=5.0,
+        help="classifier-free guidance, a finite number >= 0; <= 1 turns guidance off (default: 5)",
     )
-    p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (local gloo ranks)")
-    p.add_argument("--cfg-parallel", type=_positive, default=1, help="1 or 2: one guidance branch per rank")
-    p.add_argument("--cp", type=_positive, default=1, help="context-parallel degree")
+    p.add_argument(
+        "--guidance-scale-2",
+        type=_guidance,
+        default=None,
+        help="the low-noise expert's, >= 0 (default: --guidance-scale)",
+    )
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (local gloo ranks)")
+    p.add_argument(
+        "--cfg-parallel", type=positive_int, default=1, help="1 or 2: one guidance branch per rank"
+    )
+    p.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="DiT and text encoder dtype")
     p.add_argument("--out", type=Path, required=True, help="output video (.mp4)")
     p.add_argument(
@@ -71,7 +83,7 @@ def add_video_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--flow-shift",
-        type=float,
+        type=finite_float(0, low_open=True),
         default=None,
         metavar="F",
         help="scheduler flow_shift > 0 (default: the checkpoint's)",
@@ -81,7 +93,7 @@ def add_video_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--vae-patch-parallel",
-        type=_positive,
+        type=positive_int,
         default=1,
         metavar="N",
         help="spread the VAE decode's tiles over the first N ranks of the mesh",
@@ -96,19 +108,54 @@ def add_video_parser(sub: Any) -> None:
     p.set_defaults(run=cmd_video)
 
 
+def _check_output(flag: str, path: Path) -> None:
+    """A file path this run can write (beside it, then renamed): not a directory, in a writable directory."""
+    if path.is_dir():
+        raise InputError(f"{flag}: {path} is a directory; expected the path of a file to write")
+    if path.exists() and not path.is_file():
+        raise InputError(f"{flag}: {path} exists and is not a regular file")
+    parent = path.parent
+    if not parent.exists():
+        raise InputError(f"{flag}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise InputError(f"{flag}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{flag}: cannot write to directory {parent} (permission denied)")
+
+
+def _check_image(path: Path) -> None:
+    """Decode the conditioning image here, so an unreadable one is refused before any rank starts."""
+    if not path.is_file():
+        raise InputError(f"--image: {path} is not a file")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except UnidentifiedImageError:
+        raise InputError(
+            f"--image: {path} is not an image Pillow can read (expected PNG, JPEG, WebP or another image file)"
+        ) from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise InputError(f"--image: {path} is not a readable image: {reason}") from None
+
+
 def _check_paths(args: argparse.Namespace) -> None:
     for flag, path in (("--out", args.out), ("--latents-out", args.latents_out)):
-        if path is not None and not path.parent.exists():
-            raise InputError(f"{flag}: directory {path.parent} does not exist")
+        if path is not None:
+            _check_output(flag, path)
     if args.out.suffix.lower() != ".mp4":
         raise InputError(f"--out: expected an .mp4 file, got {args.out.name}")
-    if args.image is not None and not args.image.is_file():
-        raise InputError(f"--image: {args.image} is not a file")
+    if args.latents_out is not None and args.latents_out.resolve() == args.out.resolve():
+        raise InputError(
+            f"--latents-out: {args.latents_out} is also --out; give the latents a file of their own"
+        )
+    if args.image is not None:
+        _check_image(args.image)
 
 
 def _check_pipeline_options(args: argparse.Namespace) -> None:
-    if args.flow_shift is not None and not (math.isfinite(args.flow_shift) and args.flow_shift > 0):
-        raise InputError(f"--flow-shift: expected a positive number, got {args.flow_shift}")
     world = args.tp * args.cp * args.cfg_parallel
     if args.vae_patch_parallel > world:
         raise InputError(
@@ -195,22 +242,52 @@ def write_latents(latents: Any, out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_together(writes: list[tuple[Callable[[Path], None], Path]]) -> None:
+    """Each ``write(path)`` to a file beside its target, then every file renamed into place: a run that
+    fails while writing (the encoder, a full disk) leaves every file that was there as it was."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for write, target in writes:
+            staged.append((target.with_name(f".{target.stem}.partial{target.suffix}"), target))
+            write(staged[-1][0])
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
 def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
     from ..parallel.launch import run_on_ranks
     from ..parallel.state import ParallelLayout
-    from .registry import checkpoint_architecture
+    from .registry import check_request, checkpoint_architecture, conditions_on_image
 
     _check_paths(args)
     _check_pipeline_options(args)
     architecture = checkpoint_architecture(args.checkpoint_dir)
-    if architecture in _IMAGE_TO_VIDEO and args.image is None:
+    if conditions_on_image(architecture) and args.image is None:
         raise InputError(
             f"{args.checkpoint_dir} is an image-to-video checkpoint ({architecture}): pass --image"
         )
-    if architecture not in _IMAGE_TO_VIDEO and args.image is not None:
+    if not conditions_on_image(architecture) and args.image is not None:
         raise InputError(
             f"{args.checkpoint_dir} is a text-to-video checkpoint ({architecture}): drop --image"
         )
+    # The mesh and the video against the checkpoint's configs, before any rank starts.
+    check_request(
+        architecture,
+        args.checkpoint_dir,
+        tp=args.tp,
+        cfg_parallel=args.cfg_parallel,
+        cp=args.cp,
+        num_frames=args.num_frames,
+        height=args.height,
+        width=args.width,
+        guidance_scale=args.guidance_scale,
+        guidance_scale_2=args.guidance_scale_2,
+        vae_patch_parallel_size=args.vae_patch_parallel,
+        enable_ring_attention=args.ring_attention,
+    )
     job = {
         "architecture": architecture,
         "checkpoint_dir": str(args.checkpoint_dir),
@@ -246,9 +323,12 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
         raise user from None
     seconds = time.perf_counter() - start
     latents, frames = result["latents"], result["frames"]
+    writes: list[tuple[Callable[[Path], None], Path]] = [
+        (lambda path: write_video(frames[0], path), args.out)
+    ]
     if args.latents_out is not None:
-        write_latents(latents, args.latents_out)
-    write_video(frames[0], args.out)
+        writes.insert(0, (lambda path: write_latents(latents, path), args.latents_out))
+    write_together(writes)
     out = {
         "out": str(args.out),
         "latents_out": None if args.latents_out is None else str(args.latents_out),

@@ -99,7 +99,8 @@ def pick_bucket(buckets: Sequence[int], size: int) -> int:
 @dataclass(frozen=True)
 class SamplingParams:
     """``temperature=0`` is greedy. ``top_k <= 0`` and ``top_p = 1`` switch those filters off.
-    ``seed`` makes sampling reproducible; without it a request draws from a random seed."""
+    ``seed`` (an integer in ``[0, 2**64 - 1]``) makes sampling reproducible; without it a request draws
+    from a random seed. NaN or inf is refused everywhere (NaN compares false with every bound)."""
 
     max_new_tokens: int = 16
     temperature: float = 0.0
@@ -112,7 +113,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise InputError(f"temperature: expected >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise InputError(f"temperature: expected a finite number >= 0, got {self.temperature}")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise InputError(f"top_p: expected a value in (0, 1], got {self.top_p}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64
+        ):
+            raise InputError(f"seed: expected an integer in [0, 2**64 - 1], got {self.seed!r}")

@@ -8,6 +8,7 @@ token ids. Padding tokens write only to the null block, so they never touch a li
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections import deque
@@ -22,10 +23,18 @@ from ..kv_cache import BlockAllocator, null_slots, slot_mapping
 from ..ops.sampling import gumbel_noise
 from .config import RunnerConfig, SamplingParams, pick_bucket
 from .graphs import DECODE, PREFILL, DecodeStep, GraphSpec, PrefillStep, flat_caches
-from .score import check_token_ids
+from .score import NonFiniteLogitsError, check_token_ids, non_finite_weight
 
-GraphFn = Callable[..., torch.Tensor]
+GraphFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 GREEDY = SamplingParams()
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The generator seed of request ``index`` of a batch sampled with ``seed``: ``(seed, index)`` hashed
+    into 64 bits, so every seed in ``[0, 2**64 - 1]`` and every index give a seed torch accepts, and a
+    request's draws depend only on the seed and its own index, not on the rest of the batch."""
+    data = seed.to_bytes(8, "little") + index.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @dataclass
@@ -53,6 +62,14 @@ class _Sequence:
     @property
     def finished(self) -> bool:
         return self.result.finish_reason is not None
+
+
+def check_prompt(index: int, prompt: Sequence[int], max_model_len: int, vocab_size: int) -> None:
+    if not prompt:
+        raise InputError(f"prompt {index} is empty")
+    if len(prompt) > max_model_len:
+        raise InputError(f"prompt {index} has {len(prompt)} tokens, more than max_model_len={max_model_len}")
+    check_token_ids(prompt, vocab_size)
 
 
 class Runner:
@@ -130,17 +147,11 @@ class Runner:
     # -- scheduling -------------------------------------------------------------------------------
 
     def _admit(self, index: int, prompt: list[int], params: SamplingParams) -> _Sequence:
-        if not prompt:
-            raise InputError(f"prompt {index} is empty")
-        if len(prompt) > self.config.max_model_len:
-            raise InputError(
-                f"prompt {index} has {len(prompt)} tokens, more than max_model_len={self.config.max_model_len}"
-            )
-        check_token_ids(prompt, self.vocab_size)
+        check_prompt(index, prompt, self.config.max_model_len, self.vocab_size)
         generator = None
         if params.temperature > 0:
-            seed = params.seed if params.seed is not None else random.randrange(1 << 62)
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+            seed = params.seed if params.seed is not None else random.randrange(1 << 64)
+            generator = torch.Generator().manual_seed(request_seed(seed, index))
         return _Sequence(index, prompt, params, generator, [], Generation(prompt))
 
     def _take_prefill_batch(self, waiting: deque[_Sequence], free_slots: int) -> list[_Sequence]:
@@ -155,10 +166,12 @@ class Runner:
             batch.append(seq)
         return batch
 
-    def _run(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+    def _run(self, spec: GraphSpec, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(token ids, finite)``: ``finite[i]`` says row i's logits were all finite."""
         self.steps.append(spec)
         fn = self.graphs.get(spec) or self.eager[spec.phase]
-        return fn(*inputs, self.rank, *self.caches)
+        tokens, finite = fn(*inputs, self.rank, *self.caches)
+        return tokens, finite
 
     def _sampling_inputs(self, seqs: list[_Sequence], rows: int) -> tuple[torch.Tensor, ...]:
         temperature = torch.zeros(rows)
@@ -188,7 +201,7 @@ class Runner:
         rows = self.config.max_num_seqs
         sample_index = torch.zeros(rows, dtype=torch.int64)
         sample_index[: len(batch)] = torch.tensor(last)
-        tokens = self._run(
+        tokens, finite = self._run(
             GraphSpec(PREFILL, (bucket,)),
             torch.cat([*ids, zeros]),
             torch.cat([*positions, zeros]),
@@ -197,7 +210,7 @@ class Runner:
             sample_index,
             *self._sampling_inputs(batch, rows),
         )
-        self._append(batch, tokens)
+        self._append(batch, tokens, finite)
 
     def _decode(self, seqs: list[_Sequence]) -> None:
         rows = pick_bucket(self.config.num_seqs_buckets, len(seqs))
@@ -222,7 +235,7 @@ class Runner:
                 null_slots(pad, self.config.block_size),
             ]
         )
-        tokens = self._run(
+        tokens, finite = self._run(
             GraphSpec(DECODE, (rows, context)),
             torch.tensor([s.result.token_ids[-1] for s in seqs] + [0] * pad),
             positions,
@@ -231,9 +244,17 @@ class Runner:
             positions + 1,
             *self._sampling_inputs(seqs, rows),
         )
-        self._append(seqs, tokens)
+        self._append(seqs, tokens, finite)
 
-    def _append(self, seqs: list[_Sequence], tokens: torch.Tensor) -> None:
+    def _append(self, seqs: list[_Sequence], tokens: torch.Tensor, finite: torch.Tensor) -> None:
+        # A token sampled from NaN/inf logits is noise (argmax of NaN is 0): stop, naming where it happened.
+        for s, ok in zip(seqs, finite.tolist(), strict=False):
+            if not ok:
+                raise NonFiniteLogitsError(
+                    f"prompt {s.index}, generation step {len(s.result.token_ids)}: logits at position "
+                    f"{s.length - 1} are not finite (NaN or inf); the checkpoint's weights, or the dtype's "
+                    "range, give non-finite values" + non_finite_weight(self.model)
+                )
         for s, token in zip(seqs, tokens.tolist(), strict=False):
             s.result.token_ids.append(token)
             if not s.params.ignore_eos and (token in self.eos_token_ids or token in s.params.stop_token_ids):

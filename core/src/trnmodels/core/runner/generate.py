@@ -16,7 +16,7 @@ from ..hf_config import read_config_dict
 from ..parallel.launch import run_on_ranks
 from ..parallel.state import ParallelLayout, get_parallel_layout
 from .config import RunnerConfig, SamplingParams
-from .engine import Generation, Runner
+from .engine import Generation, Runner, check_prompt
 
 DEFAULT_MAX_MODEL_LEN = 512
 
@@ -67,8 +67,11 @@ def _eos_token_ids(checkpoint_dir: str) -> list[int]:
 
     try:
         eos = GenerationConfig.from_pretrained(checkpoint_dir).eos_token_id
-    except OSError:
-        eos = read_config_dict(checkpoint_dir).get("eos_token_id")
+    except OSError:  # no generation_config.json: the model config's, as transformers derives it
+        raw = read_config_dict(checkpoint_dir)
+        eos = raw.get("eos_token_id")
+        if eos is None:  # a multimodal config (Gemma 4) states it in its text config only
+            eos = (raw.get("text_config") or {}).get("eos_token_id")
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
@@ -88,7 +91,17 @@ def _generate_on_rank(rank: int, world_size: int, job: GenerateJob) -> dict[str,
 
 
 def generate_token_ids(job: GenerateJob, tp: int = 1, ep: int = 1) -> dict[str, Any]:
-    """``{"results": [Generation], "compiled_graphs": n, "steps": [...]}`` from rank 0 of ``tp * ep``."""
+    """``{"results": [Generation], "compiled_graphs": n, "steps": [...]}`` from rank 0 of ``tp * ep``.
+
+    The config is validated against the mesh first, so a TP/EP degree the model refuses fails before any
+    rank starts. Non-finite logits at any step raise ``NonFiniteLogitsError`` (see ``Runner``)."""
+    from ..causal_lm import check_model_config
+    from ..compile import CompileTarget
+
+    target = CompileTarget(job.checkpoint_dir, job.runner, tp=tp, dtype=job.dtype, ep=ep)
+    hf_config = check_model_config(job.checkpoint_dir, target.neuron_config())
+    for i, prompt in enumerate(job.prompts):
+        check_prompt(i, prompt, job.runner.max_model_len, hf_config.get_text_config().vocab_size)
     return run_on_ranks(_generate_on_rank, ParallelLayout(tp=tp, ep=ep), job)
 
 

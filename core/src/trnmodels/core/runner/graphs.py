@@ -1,5 +1,7 @@
 """The graphs a model runs as: one prefill graph per token bucket, one decode graph per
-(batch, context) bucket. Each takes flat tensors only, samples inside, and returns token ids.
+(batch, context) bucket. Each takes flat tensors only, samples inside, and returns token ids together
+with a per-row flag saying whether that row's logits were all finite (NaN/inf logits are never sampled
+from silently; the flag costs one reduction in the same graph, not a second pass).
 
 The KV caches are inputs the graph writes in place, the rank is a tensor input, and the weights are
 the step module's parameters: so one compiled artifact per graph serves every rank and every start.
@@ -33,6 +35,11 @@ class GraphSpec:
         return f"{self.phase}_" + "x".join(map(str, self.bucket))
 
 
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` logits -> ``[N]`` bool: every logit of the row is finite."""
+    return torch.isfinite(logits).all(dim=-1)
+
+
 def all_graph_specs(config: RunnerConfig) -> list[GraphSpec]:
     prefill = [GraphSpec(PREFILL, (t,)) for t in config.num_batched_tokens_buckets]
     decode = [GraphSpec(DECODE, (b, c)) for b in config.num_seqs_buckets for c in config.context_len_buckets]
@@ -56,13 +63,13 @@ class StepGraph(nn.Module):
         sampling: tuple[torch.Tensor, ...],
         rank: torch.Tensor,
         caches: tuple[torch.Tensor, ...],
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.model.bind_kv_cache(
             {layer.name: [caches[2 * i], caches[2 * i + 1]] for i, layer in enumerate(self.kv_spec.layers)}
         )
         hidden = self.model(input_ids, positions, meta, rank)
         logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
-        return ops.sample(logits, *sampling)
+        return ops.sample(logits, *sampling), finite_rows(logits)
 
 
 class PrefillStep(StepGraph):
@@ -81,7 +88,7 @@ class PrefillStep(StepGraph):
         noise: torch.Tensor,
         rank: torch.Tensor,
         *caches: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(slot_mapping=slot_mapping, seq_ids=seq_ids)
         return self.step(
             input_ids, positions, meta, sample_index, (temperature, top_k, top_p, noise), rank, caches
@@ -104,7 +111,7 @@ class DecodeStep(StepGraph):
         noise: torch.Tensor,
         rank: torch.Tensor,
         *caches: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(
             slot_mapping=slot_mapping, block_tables=block_tables, context_lens=context_lens
         )

@@ -16,10 +16,50 @@ import torch
 
 from ..attention import AttentionMetadata
 from ..causal_lm import CausalLM
-from ..errors import InputError
+from ..errors import InputError, TrnModelsError
 from ..kv_cache import allocate_kv_cache, read_sequence_kv, slot_mapping
 from ..parallel.launch import run_on_ranks
 from ..parallel.state import ParallelLayout, get_parallel_layout
+
+
+class NonFiniteLogitsError(TrnModelsError):
+    """The model produced NaN or inf logits (bad weights, or values past the dtype's range)."""
+
+
+def non_finite_weight(model: torch.nn.Module) -> str:
+    """`` (checkpoint key K holds NaN or inf)`` for the first parameter of this rank that does, else ``""``.
+
+    Run only once logits came out non-finite: weights are not scanned at load (``docs/validation.md``).
+    ``sum()`` is a one-pass screen (any NaN/inf makes it non-finite); ``isfinite`` confirms, since a sum
+    of finite values can also overflow.
+    """
+    keys = model.checkpoint_keys() if hasattr(model, "checkpoint_keys") else {}
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not p.sum().isfinite() and not torch.isfinite(p).all():
+            key = keys.get(name, name)
+            return f" ({'checkpoint key' if name in keys else 'parameter'} {key} holds NaN or inf)"
+    return ""
+
+
+def check_finite_logits(logits: torch.Tensor, model: torch.nn.Module | None = None) -> None:
+    """Refuse ``[T, vocab]`` logits with a non-finite value, naming the first such position (and, given
+    the model, the first weight holding NaN or inf)."""
+    bad = (~torch.isfinite(logits).all(dim=-1)).nonzero()
+    if len(bad):
+        raise NonFiniteLogitsError(
+            f"logits at position {int(bad[0])} are not finite (NaN or inf) ({len(bad)} of {len(logits)} "
+            "positions); the checkpoint's weights, or the dtype's range, give non-finite values"
+            + (non_finite_weight(model) if model is not None else "")
+        )
+
+
+def check_sequence_fits(hf_config, num_tokens: int) -> None:
+    """A sequence longer than ``max_position_embeddings`` is refused (as ``generate`` refuses such a
+    ``max_model_len``): positions past it were never trained, and some rope scalings are undefined there."""
+    text = hf_config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None)
+    if limit and num_tokens > limit:
+        raise InputError(f"{num_tokens} token ids exceed the model's max_position_embeddings={limit}")
 
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
@@ -94,6 +134,7 @@ class ScoreJob:
     prefill_len: int | None = None
     dtype: str = "float32"
     return_kv: bool = False
+    require_finite: bool = False  # raise NonFiniteLogitsError instead of returning NaN/inf logits
 
 
 def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
@@ -105,14 +146,39 @@ def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
     for job in jobs:
         config = NeuronConfig(tp_degree=layout.tp, ep_degree=layout.ep, dtype=job.dtype)
         model = build_model(job.checkpoint_dir, config, progress=rank == 0)
-        results.append(
-            teacher_forced_logits(model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv)
+        result = teacher_forced_logits(
+            model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv
         )
+        if job.require_finite:
+            check_finite_logits(result[0] if job.return_kv else result, model)
+        results.append(result)
     return results
 
 
+def check_score_job(job: ScoreJob, tp: int = 1, ep: int = 1) -> None:
+    """What a job's ranks would refuse, checked from the config alone (before any rank starts)."""
+    from ..causal_lm import check_model_config
+    from ..runtime_config import NeuronConfig
+
+    hf_config = check_model_config(
+        job.checkpoint_dir, NeuronConfig(tp_degree=tp, ep_degree=ep, dtype=job.dtype)
+    )
+    check_token_ids(job.token_ids, hf_config.get_text_config().vocab_size)
+    check_sequence_fits(hf_config, len(job.token_ids))
+    total = len(job.token_ids)
+    if job.prefill_len is not None and not 1 <= job.prefill_len <= total:
+        raise InputError(
+            f"prefill length: expected 1..{total} (the number of token ids), got {job.prefill_len}"
+        )
+
+
 def score_many(jobs: Sequence[ScoreJob], tp: int = 1, ep: int = 1) -> list:
-    """Score several jobs in one launch of ``tp * ep`` local ranks (spawning ranks costs seconds)."""
+    """Score several jobs in one launch of ``tp * ep`` local ranks (spawning ranks costs seconds).
+
+    Every job is checked against its config first, so a bad mesh or sequence fails before any rank starts.
+    """
+    for job in jobs:
+        check_score_job(job, tp, ep)
     return run_on_ranks(_score_on_rank, ParallelLayout(tp=tp, ep=ep), list(jobs))
 
 
@@ -126,6 +192,9 @@ def score_checkpoint(
     dtype: str = "float32",
     return_kv: bool = False,
 ):
-    """Build the checkpoint's model on ``tp * ep`` local ranks and score ``token_ids`` (rank 0's result)."""
-    job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv)
+    """Build the checkpoint's model on ``tp * ep`` local ranks and score ``token_ids`` (rank 0's result).
+
+    Non-finite logits raise ``NonFiniteLogitsError`` naming the first bad position: they are never returned.
+    """
+    job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv, require_finite=True)
     return score_many([job], tp, ep)[0]

@@ -81,3 +81,21 @@ def save_published(name: str, sizes: Mapping[str, Any], out_dir: str | Path) -> 
     path = out / "config.json"
     path.write_text(json.dumps(shrink(published_config(name), sizes), indent=2))
     return path
+
+
+def cli_logits_max_error(
+    checkpoint: str | Path, token_ids: list[int], prefill_len: int, tp: int, expected: Any, out: str | Path
+) -> float:
+    """Run ``trnmodels logits`` (prefill, then decode steps) at ``tp`` as a user would, and return the max
+    abs error of its logits against ``expected`` (``[T, vocab]``, the reference's FP32 logits)."""
+    from safetensors.torch import load_file
+
+    from ..cli import main
+
+    ids = ",".join(map(str, token_ids))
+    argv = ["logits", str(checkpoint), "--token-ids", ids, "--prefill-len", str(prefill_len)]
+    code = main([*argv, "--tp", str(tp), "--out", str(out)])
+    assert code == 0, f"trnmodels logits exited {code}"
+    logits = load_file(str(out))["logits"]
+    assert logits.shape == expected.shape, f"logits {list(logits.shape)}, expected {list(expected.shape)}"
+    return (logits - expected).abs().max().item()

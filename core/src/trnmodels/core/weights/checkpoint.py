@@ -44,6 +44,11 @@ class CheckpointTensor:
         except Exception as e:  # safetensors raises its own error types for damaged data
             raise CheckpointError(f"{self.file}: cannot read tensor {self.key!r}: {e}") from None
 
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The stored dtype, from the file header (``None`` if the source does not say)."""
+        return getattr(self.source, "dtype", None)
+
     def describe(self) -> str:
         return f"{self.key} {list(self.shape)} in {Path(self.file).name}"
 
@@ -62,6 +67,10 @@ class _TensorSlice:
 
     def get_shape(self) -> list[int]:
         return list(self._tensor.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._tensor.dtype
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         return self._tensor[index]

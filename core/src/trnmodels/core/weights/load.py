@@ -60,6 +60,26 @@ def check_key_coverage(
         raise CheckpointError(f"checkpoint {checkpoint.name} does not fit the model: " + "; ".join(problems))
 
 
+def _check_float_storage(
+    name: str, param: torch.Tensor, tensors: list[CheckpointTensor], value: torch.Tensor
+) -> None:
+    """A floating-point parameter takes floating-point storage (any float dtype: casts between them are
+    fine). Integer storage reaches it only through a loader that decodes it explicitly, i.e. every key
+    is integer (MXFP4 blocks and scales) and the loader returns floats; an integer key mixed with float
+    ones (promoted by a concatenation) or copied as is would be cast silently into a wrong model."""
+    if not param.is_floating_point():
+        return
+    stored = [t for t in tensors if t.dtype is not None and not t.dtype.is_floating_point]
+    if value.is_floating_point() and (not stored or len(stored) == len(tensors)):
+        return
+    bad = stored[0] if stored else tensors[0]
+    raise CheckpointError(
+        f"{bad.describe()}: the checkpoint stores {bad.dtype or value.dtype} but parameter {name} expects "
+        f"{param.dtype}; integer, bool and complex tensors are not cast to floating point (a quantized "
+        "checkpoint needs the plugin's dequantizing loader)"
+    )
+
+
 def load_parameters(
     module: torch.nn.Module,
     checkpoint: Checkpoint,
@@ -71,6 +91,11 @@ def load_parameters(
     progress: bool = True,
 ) -> None:
     """Fill every parameter of ``module`` with its rank-local slice, converting to the parameter's dtype.
+
+    Float-to-float conversion is allowed (a BF16 checkpoint runs in FP32); an integer or bool tensor for a
+    floating-point parameter is refused: casting it would load a silently wrong model. Packed integer
+    formats (MXFP4 blocks and scales) load through a loader that dequantizes them, so what reaches the
+    parameter is already floating point.
 
     ``ignore`` holds glob patterns of checkpoint keys the model deliberately does not use.
     """
@@ -87,4 +112,5 @@ def load_parameters(
                     f"{sources}: parameter {name} expects shape {list(param.shape)} on rank {rank} of "
                     f"{world_size}, the checkpoint gives {list(value.shape)}"
                 )
+            _check_float_storage(name, param, tensors, value)
             param.copy_(value.to(param.dtype))

@@ -14,4 +14,5 @@ PLUGIN = ModelPlugin(
     architectures=("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
     factory="trnmodels.gemma4.factory:build",
     distribution="trnmodels-gemma4",
+    model_types={"Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4_text"},
 )

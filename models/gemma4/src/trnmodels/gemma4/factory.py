@@ -15,6 +15,9 @@ from .nki import bind_attention_cte
 
 SUPPORTED_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 SUPPORTED_ROPE_TYPES = {SLIDING: ("default",), FULL: ("default", "proportional")}
+# "vision" (the published 26B-A4B and 31B-it) only lets an image's own tokens attend bidirectionally;
+# the plugin serves text, whose attention is causal under both values.
+SUPPORTED_BIDIRECTIONAL = (None, "vision")
 
 
 def _text_config(hf_config: PretrainedConfig) -> PretrainedConfig:
@@ -31,10 +34,13 @@ def _check_text_config(text: PretrainedConfig, where: str) -> None:
     unknown = sorted({t for t in layer_types if t not in LAYER_TYPES})
     if unknown:
         raise ConfigError(f"{where}layer_types: expected entries among {LAYER_TYPES}, got {unknown}")
-    if getattr(text, "use_bidirectional_attention", None) is not None:
+    bidirectional = getattr(text, "use_bidirectional_attention", None)
+    if bidirectional not in SUPPORTED_BIDIRECTIONAL:
         raise ConfigError(
-            f"{where}use_bidirectional_attention={text.use_bidirectional_attention!r} is not supported "
-            "(trnmodels-gemma4 serves causal text generation only)"
+            f"{where}use_bidirectional_attention={bidirectional!r} is not supported: 'all' makes every token "
+            "attend in both directions (an encoder, not a text generator); trnmodels-gemma4 serves causal "
+            "generation and accepts null or 'vision' (where only an image's own tokens attend both ways, "
+            "so text stays causal)"
         )
     if getattr(text, "attention_bias", False):
         raise ConfigError(f"{where}attention_bias=True is not supported (Gemma 4 checkpoints have none)")

@@ -13,6 +13,7 @@ PLUGIN = ModelPlugin(
     architectures=("GptOssForCausalLM",),
     factory="trnmodels.gpt_oss.factory:build",
     distribution="trnmodels-gpt-oss",
+    model_types={"GptOssForCausalLM": "gpt_oss"},
     required_config_fields=(
         "vocab_size",
         "hidden_size",

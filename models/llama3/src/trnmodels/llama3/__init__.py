@@ -13,6 +13,7 @@ PLUGIN = ModelPlugin(
     architectures=("LlamaForCausalLM",),
     factory="trnmodels.llama3.factory:build",
     distribution="trnmodels-llama3",
+    model_types={"LlamaForCausalLM": "llama"},
     required_config_fields=(
         "vocab_size",
         "hidden_size",

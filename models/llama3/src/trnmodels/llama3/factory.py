@@ -34,6 +34,11 @@ def validate(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> LlamaC
         raise ConfigError(
             f"config.json: rope_parameters.rope_type: expected one of {SUPPORTED_ROPE_TYPES}, got {cfg.rope.rope_type!r}"
         )
+    if neuron_config.ep_degree > 1:
+        raise ConfigError(
+            f"ep_degree={neuron_config.ep_degree}: expert parallelism needs a mixture-of-experts model; "
+            "Llama 3 is dense (split it with tp_degree)"
+        )
     kv_heads_per_rank(cfg.num_heads, cfg.num_kv_heads, cfg.tp_degree)
     return cfg
 

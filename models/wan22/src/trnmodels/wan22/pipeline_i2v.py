@@ -63,6 +63,7 @@ class Wan22ImageToVideoPipeline(CFGParallelMixin, WanImageToVideoPipeline):
     conditions_on_image = True
 
     from_pretrained = Wan22Pipeline.__dict__["from_pretrained"]
+    check_request = Wan22Pipeline.__dict__["check_request"]
     component_graphs = Wan22Pipeline.component_graphs
     compile = Wan22Pipeline.compile
     use_vae_config = Wan22Pipeline.use_vae_config

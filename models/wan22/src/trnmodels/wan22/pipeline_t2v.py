@@ -14,6 +14,7 @@ expert ``transformer_2`` with ``guidance_scale_2``; the guided flow prediction s
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,10 @@ from trnmodels.core.diffusion import CFGParallelMixin
 from trnmodels.core.diffusion.compile import ComponentGraph, ComponentResult
 from trnmodels.core.diffusion.vae_patch_parallel import init_vae_patch_group, is_vae_rank
 from trnmodels.core.errors import ConfigError, InputError, ShardingError
-from trnmodels.core.parallel import ParallelLayout, get_parallel_layout, get_world_group
+from trnmodels.core.parallel import ParallelLayout, check_divisible, get_parallel_layout, get_world_group
 
-from .text_encoder import UMT5Encoder
-from .transformer import WanDiT, compile_dit, dit_component_graph
+from .text_encoder import UMT5Config, UMT5Encoder
+from .transformer import WanDiT, WanDiTConfig, compile_dit, dit_component_graph
 from .vae import Wan22VAE
 
 
@@ -61,6 +62,128 @@ def read_model_index(checkpoint_dir: Path) -> dict[str, Any]:
 def has_component(index: dict[str, Any], checkpoint_dir: Path, name: str) -> bool:
     entry = index.get(name)
     return bool(entry) and entry[0] is not None and (checkpoint_dir / name).is_dir()
+
+
+def check_components(checkpoint_dir: Path, index: dict[str, Any], boundary_ratio: float | None) -> None:
+    for name in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer"):
+        if not has_component(index, checkpoint_dir, name):
+            raise ConfigError(f"{checkpoint_dir}: the checkpoint has no {name} (model_index.json or folder)")
+    if boundary_ratio is not None and not has_component(index, checkpoint_dir, "transformer_2"):
+        raise ConfigError(
+            f"{checkpoint_dir / 'model_index.json'}: boundary_ratio={boundary_ratio} needs the low-noise "
+            "expert, but the checkpoint has no transformer_2"
+        )
+
+
+def read_vae_config(checkpoint_dir: Path) -> dict[str, Any]:
+    path = checkpoint_dir / "vae" / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{checkpoint_dir / 'vae'}: no config.json (expected a diffusers VAE folder)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+
+
+def vae_scale_factors(config: dict[str, Any]) -> tuple[int, int]:
+    """``(spatial, temporal)`` compression of the VAE (Wan's 8 and 4 when the config does not say)."""
+    return config.get("scale_factor_spatial", 8), config.get("scale_factor_temporal", 4)
+
+
+def video_latent_shape(
+    num_frames: int,
+    height: int,
+    width: int,
+    *,
+    patch_size: tuple[int, int, int],
+    vae_config: dict[str, Any],
+) -> tuple[int, int, int, int]:
+    """Refuse a video size the VAE and the DiT cannot take (diffusers would round it silently);
+    returns the latent shape ``(channels, frames, height, width)`` of the noise."""
+    spatial, temporal = vae_scale_factors(vae_config)
+    for name, size, p in (("height", height, patch_size[1]), ("width", width, patch_size[2])):
+        if size <= 0 or size % (spatial * p):
+            raise InputError(
+                f"{name}={size} is not divisible by {spatial * p} "
+                f"(the VAE's spatial factor {spatial} x the DiT's patch size {p})"
+            )
+    if num_frames < 1 or (num_frames - 1) % temporal:
+        raise InputError(
+            f"num_frames={num_frames} is not of the form {temporal}k+1 (the VAE compresses {temporal} frames "
+            f"into one after the first); try {max(1, (num_frames - 1) // temporal * temporal + 1)}"
+        )
+    return (vae_config["z_dim"], (num_frames - 1) // temporal + 1, height // spatial, width // spatial)
+
+
+class _RequestedCFG(CFGParallelMixin):
+    """The CFG-group check of a pipeline not built yet: the requested group size, not the live group's."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    @property
+    def cfg_parallel_size(self) -> int:  # type: ignore[override]
+        return self.size
+
+
+def check_request(
+    checkpoint_dir: str | Path,
+    *,
+    tp: int = 1,
+    cfg_parallel: int = 1,
+    cp: int = 1,
+    num_frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    guidance_scale: float | None = None,
+    guidance_scale_2: float | None = None,
+    **_: Any,
+) -> None:
+    """What ``from_pretrained`` and ``__call__`` would refuse for this mesh and video, found from the
+    checkpoint's config files alone (no weights read, no model built, no process group), so a launcher
+    refuses the request before it starts any rank: the components, the CFG group, every dimension TP
+    splits (the DiT experts' heads and FFN, the text encoder's heads and FFN), the video size and the CP
+    split of its tokens. Options the pipeline does not take are ignored."""
+    checkpoint_dir = Path(checkpoint_dir)
+    index = read_model_index(checkpoint_dir)
+    boundary_ratio = index.get("boundary_ratio")
+    check_components(checkpoint_dir, index, boundary_ratio)
+    if guidance_scale_2 is not None and boundary_ratio is None:
+        raise InputError(
+            f"guidance_scale_2={guidance_scale_2} applies to the low-noise expert, but "
+            f"{checkpoint_dir / 'model_index.json'} has no boundary_ratio (one expert); drop it"
+        )
+    # diffusers' switch: guidance runs when guidance_scale > 1.
+    _RequestedCFG(cfg_parallel).check_cfg_parallel(guidance_scale is None or guidance_scale > 1.0)
+    experts = {
+        name: WanDiTConfig.from_pretrained(checkpoint_dir / name)
+        for name in ("transformer", "transformer_2")
+        if has_component(index, checkpoint_dir, name)
+    }
+    encoder = UMT5Config.from_pretrained(checkpoint_dir / "text_encoder")
+    splits = [
+        (name, field, getattr(cfg, field))
+        for name, cfg in experts.items()
+        for field in ("num_attention_heads", "ffn_dim")
+    ]
+    splits += [("text_encoder", field, getattr(encoder, field)) for field in ("num_heads", "d_ff")]
+    for name, field, size in splits:
+        try:
+            check_divisible(field, size, tp)
+        except ShardingError as e:
+            raise ShardingError(f"{checkpoint_dir / name / 'config.json'}: {e}") from None
+    if num_frames is None or height is None or width is None:
+        return
+    dit = experts["transformer"]
+    latent = video_latent_shape(
+        num_frames, height, width, patch_size=dit.patch_size, vae_config=read_vae_config(checkpoint_dir)
+    )
+    tokens = math.prod(size // p for size, p in zip(latent[1:], dit.patch_size, strict=True))
+    if tokens % cp:
+        raise InputError(
+            f"context parallelism: the video's {tokens} latent tokens are not divisible by "
+            f"cp_degree={cp}; pick a size whose token count the CP degree divides"
+        )
 
 
 class Wan22Pipeline(CFGParallelMixin, WanPipeline):
@@ -139,16 +262,7 @@ class Wan22Pipeline(CFGParallelMixin, WanPipeline):
         index = read_model_index(checkpoint_dir)
         if boundary_ratio is None:
             boundary_ratio = index.get("boundary_ratio")
-        for name in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer"):
-            if not has_component(index, checkpoint_dir, name):
-                raise ConfigError(
-                    f"{checkpoint_dir}: the checkpoint has no {name} (model_index.json or folder)"
-                )
-        if boundary_ratio is not None and not has_component(index, checkpoint_dir, "transformer_2"):
-            raise ConfigError(
-                f"{checkpoint_dir / 'model_index.json'}: boundary_ratio={boundary_ratio} needs the low-noise "
-                "expert, but the checkpoint has no transformer_2"
-            )
+        check_components(checkpoint_dir, index, boundary_ratio)
         overrides = {} if enable_ring_attention is None else {"enable_ring_attention": enable_ring_attention}
         experts = [
             WanDiT.from_pretrained(checkpoint_dir / name, dtype=dtype, **overrides)
@@ -177,14 +291,18 @@ class Wan22Pipeline(CFGParallelMixin, WanPipeline):
             transformer_2=experts[1],
             boundary_ratio=boundary_ratio,
         )
-        pipe.use_vae_config(json.loads((checkpoint_dir / "vae" / "config.json").read_text()))
+        pipe.use_vae_config(read_vae_config(checkpoint_dir))
         return pipe
+
+    @classmethod
+    def check_request(cls, checkpoint_dir: str | Path, **request: Any) -> None:
+        """The launcher's hook (``trnmodels.core.diffusion.registry.check_request``): see ``check_request``."""
+        check_request(checkpoint_dir, **request)
 
     def use_vae_config(self, config: dict[str, Any]) -> None:
         """The VAE's shape facts, known on every rank (ranks without the VAE still shape the latents)."""
         self.vae_config = dict(config)
-        self.vae_scale_factor_temporal = config.get("scale_factor_temporal", 4)
-        self.vae_scale_factor_spatial = config.get("scale_factor_spatial", 8)
+        self.vae_scale_factor_spatial, self.vae_scale_factor_temporal = vae_scale_factors(config)
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
 
     def load_weights(self, checkpoint_dir: str | Path) -> None:
@@ -273,26 +391,13 @@ class Wan22Pipeline(CFGParallelMixin, WanPipeline):
     # --- input checks ---------------------------------------------------------------------------------
 
     def check_video_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        """Refuse a video size the VAE and the DiT cannot take (diffusers would round it silently);
-        returns the latent shape ``(channels, frames, height, width)`` of the noise."""
-        patch = self.transformer.config.patch_size
-        spatial, temporal = self.vae_scale_factor_spatial, self.vae_scale_factor_temporal
-        for name, size, p in (("height", height, patch[1]), ("width", width, patch[2])):
-            if size <= 0 or size % (spatial * p):
-                raise InputError(
-                    f"{name}={size} is not divisible by {spatial * p} "
-                    f"(the VAE's spatial factor {spatial} x the DiT's patch size {p})"
-                )
-        if num_frames < 1 or (num_frames - 1) % temporal:
-            raise InputError(
-                f"num_frames={num_frames} is not of the form {temporal}k+1 (the VAE compresses {temporal} frames "
-                f"into one after the first); try {max(1, (num_frames - 1) // temporal * temporal + 1)}"
-            )
-        return (
-            self.vae_config["z_dim"],
-            (num_frames - 1) // temporal + 1,
-            height // spatial,
-            width // spatial,
+        """Refuse a video size the VAE and the DiT cannot take; the latent shape of the noise."""
+        return video_latent_shape(
+            num_frames,
+            height,
+            width,
+            patch_size=self.transformer.config.patch_size,
+            vae_config=self.vae_config,
         )
 
     def check_sequence(self, latent_shape: tuple[int, ...], batch_size: int) -> None:

@@ -90,6 +90,9 @@ class WanDiTConfig:
         values = {k: v for k, v in raw.items() if k in known}
         if "patch_size" in values:
             values["patch_size"] = tuple(values["patch_size"])
+        if "out_channels" in values and values["out_channels"] is None:
+            # diffusers: ``out_channels = out_channels or in_channels``.
+            values["out_channels"] = values.get("in_channels", cls.in_channels)
         cfg = cls(**values)
         if cfg.image_dim is not None or cfg.added_kv_proj_dim is not None:
             raise ConfigError(

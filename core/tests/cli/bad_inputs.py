@@ -1,0 +1,87 @@
+"""Bad input to ``trnmodels logits``, ``generate`` and ``compile``: data only (see ``test_cli_bad_inputs.py``).
+
+``input`` is what the user adds to a run that is otherwise valid; later flags override earlier ones, so
+``--out EXISTING_DIR`` replaces the run's own ``--out``. Uppercase words are placeholders the test fills:
+``EXISTING_DIR`` a directory, ``FILE`` a regular file, ``MISSING_DIR`` a path that does not exist,
+``LONG_IDS`` 129 token ids, ``LONG_TEXT`` a prompt of about 200 tokens, and ``*_CKPT`` a copy of the tiny
+Llama 3 checkpoint (4 heads, dense, max_position_embeddings=128, vocab 320) with the named defect.
+"""
+
+from trnmodels.core.testing.bad_inputs import BadInput
+
+_MESH = [
+    (
+        "--tp 3",
+        "num_attention_heads=4 is not divisible by tp_degree=3",
+    ),
+    (
+        "--ep 2",
+        "ep_degree=2: expert parallelism needs a mixture-of-experts model",
+    ),
+    (
+        "--tp 0",
+        "argument --tp: expected a positive integer, got 0",
+    ),
+    (
+        "MODEL_TYPE_GEMMA4_CKPT",
+        "model_type 'gemma4' contradicts architectures[0] 'LlamaForCausalLM'",
+    ),
+]
+
+BAD_INPUTS = [
+    *(
+        BadInput(command, text, message)
+        for command in ("logits", "generate", "compile")
+        for text, message in _MESH
+    ),
+    # logits: the output file
+    BadInput("logits", "--out EXISTING_DIR", "is a directory; expected a file path"),
+    BadInput("logits", "--out FILE/x.safetensors", "is not a directory"),
+    BadInput("logits", "--out MISSING_DIR/x.safetensors", "does not exist"),
+    # logits: the sequence
+    BadInput("logits", "--token-ids 1,2,500", "id 500 at position 2 is out of range for vocab size 320"),
+    BadInput("logits", "--token-ids 1,x", "argument --token-ids: expected comma-separated integers"),
+    BadInput(
+        "logits", "--token-ids LONG_IDS", "129 token ids exceed the model's max_position_embeddings=128"
+    ),
+    BadInput("logits", "--prefill-len 0", "argument --prefill-len: expected a positive integer, got 0"),
+    BadInput("logits", "--prefill-len 4", "prefill length: expected 1..3 (the number of token ids), got 4"),
+    BadInput("logits", "--dtype float64", "argument --dtype: invalid choice: 'float64'"),
+    # logits: the checkpoint
+    BadInput("logits", "NAN_WEIGHT_CKPT", "logits at position 0 are not finite (NaN or inf)"),
+    BadInput("logits", "INT8_WEIGHT_CKPT", "the checkpoint stores torch.int8"),
+    # generate: sampling flags
+    BadInput(
+        "generate",
+        "--temperature nan",
+        "argument --temperature: expected a finite number in [0, inf], got nan",
+    ),
+    BadInput(
+        "generate", "--temperature -1", "argument --temperature: expected a finite number in [0, inf], got -1"
+    ),
+    BadInput("generate", "--top-p 0", "argument --top-p: expected a finite number in (0, 1], got 0"),
+    BadInput("generate", "--top-p 1.5", "argument --top-p: expected a finite number in (0, 1], got 1.5"),
+    BadInput("generate", "--top-p inf", "argument --top-p: expected a finite number in (0, 1], got inf"),
+    BadInput("generate", "--top-k -1", "argument --top-k: expected an integer >= 0, got -1"),
+    BadInput("generate", "--seed -1", "argument --seed: expected an integer seed in [0, 2**64 - 1], got -1"),
+    BadInput(
+        "generate",
+        "--seed 18446744073709551616",
+        "argument --seed: expected an integer seed in [0, 2**64 - 1], got 18446744073709551616",
+    ),
+    BadInput(
+        "generate", "--max-new-tokens 0", "argument --max-new-tokens: expected a positive integer, got 0"
+    ),
+    # generate: lengths and the checkpoint
+    BadInput(
+        "generate", "--max-model-len 256", "max_model_len=256 exceeds the model's max_position_embeddings=128"
+    ),
+    BadInput("generate", "--prompt LONG_TEXT", "more than max_model_len=128"),
+    BadInput("generate", "NAN_WEIGHT_CKPT", "prompt 0, generation step 0: logits at position"),
+    # compile
+    BadInput("compile", "--cache-dir FILE/cache", "is not writable"),
+    BadInput(
+        "compile", "--max-num-seqs 4 --num-seqs-buckets 1,2", "largest bucket 2 cannot hold max_num_seqs = 4"
+    ),
+    BadInput("compile", "--jobs 0", "argument --jobs: expected a positive integer, got 0"),
+]

@@ -1,0 +1,66 @@
+"""Bad input to ``trnmodels video``: what the user adds to a valid command line, and the part of the one-line
+error they get (exit 2, nothing started, nothing written). Data only: ``test_video_cli.py`` runs every case
+on the tiny text-to-video checkpoint, from a folder holding ``clips.mp4/`` (a directory), ``notes.txt`` (a
+text file) and the command's own ``out.mp4``; ``docs/bad-inputs.md`` renders the list. A ``#`` starts a
+remark that is not part of the command line."""
+
+from trnmodels.core.testing.bad_inputs import BadInput
+
+BAD_INPUTS = [
+    # Sizes the VAE and the DiT cannot take (checked against the checkpoint's configs before any rank starts).
+    BadInput("video", "--num-frames 6", "num_frames=6 is not of the form 4k+1"),
+    BadInput("video", "--height 40", "height=40 is not divisible by 16"),
+    BadInput("video", "--steps 0", "argument --steps: expected a positive integer, got 0"),
+    BadInput("video", "--width 32.5", "argument --width: expected a positive integer, got '32.5'"),
+    BadInput("video", "--seed -1", "argument --seed: expected an integer seed in [0, 2**64 - 1], got -1"),
+    BadInput(
+        "video",
+        "--seed 18446744073709551616",
+        "argument --seed: expected an integer seed in [0, 2**64 - 1], got 18446744073709551616",
+    ),
+    # Floats: finite and in range (nan compares false with every bound, and used to switch guidance off).
+    BadInput(
+        "video", "--guidance-scale nan", "argument --guidance-scale: expected a finite number in [0, inf]"
+    ),
+    BadInput(
+        "video", "--guidance-scale -1", "argument --guidance-scale: expected a finite number in [0, inf]"
+    ),
+    BadInput("video", "--guidance-scale-2 inf", "argument --guidance-scale-2: expected a finite number"),
+    BadInput("video", "--flow-shift 0", "argument --flow-shift: expected a finite number in (0, inf], got 0"),
+    BadInput(
+        "video", "--flow-shift nan", "argument --flow-shift: expected a finite number in (0, inf], got nan"
+    ),
+    # The mesh, checked against the checkpoint's component configs before any rank starts.
+    BadInput(
+        "video",
+        "--cfg-parallel 3",
+        "cfg_parallel_size=3: classifier-free guidance has 2 branches, use 1 or 2",
+    ),
+    BadInput(
+        "video",
+        "--cfg-parallel 2 --guidance-scale 1",
+        "cfg_parallel_size=2 needs classifier-free guidance, but guidance is disabled",
+    ),
+    BadInput(
+        "video",
+        "--tp 3  # the DiT has 2 attention heads",
+        "transformer/config.json: num_attention_heads=2 is not divisible by tp_degree=3",
+    ),
+    BadInput(
+        "video",
+        "--cp 3  # a 5x32x32 video is 8 DiT tokens",
+        "the video's 8 latent tokens are not divisible by cp_degree=3",
+    ),
+    BadInput("video", "--vae-patch-parallel 2", "--vae-patch-parallel 2 exceeds the 1 rank(s) of the mesh"),
+    BadInput("video", "--ring-attention", "--ring-attention applies to context parallelism: it needs --cp 2"),
+    BadInput("video", "--no-ring-attention", "--no-ring-attention applies to context parallelism"),
+    # Files.
+    BadInput("video", "--image missing.png", "--image: missing.png is not a file"),
+    BadInput("video", "--image notes.txt", "--image: notes.txt is not an image"),
+    BadInput("video", "--out clips.mp4  # clips.mp4 is a directory", "--out: clips.mp4 is a directory"),
+    BadInput("video", "--out clip.avi", "--out: expected an .mp4 file, got clip.avi"),
+    BadInput("video", "--out missing/clip.mp4", "--out: directory missing does not exist"),
+    BadInput("video", "--out notes.txt/clip.mp4", "--out: notes.txt is not a directory"),
+    BadInput("video", "--latents-out clips.mp4", "--latents-out: clips.mp4 is a directory"),
+    BadInput("video", "--latents-out out.mp4  # the --out file", "--latents-out: out.mp4 is also --out"),
+]
