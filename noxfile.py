@@ -17,7 +17,7 @@ Sessions:
                      (llama3: vllm.md)
     eval-<model>     L1 task accuracy through lm_eval (an LLM plugin): HF FP32 vs ours FP32, BF16, compiled,
                      TP>1 on the project's offline tasks into docs/benchmarks/eval-<model>.md/.json (llama3:
-                     the SmolLM2 real checkpoint; about half an hour on 2 cores, so not part of CI)
+                     the SmolLM2 real checkpoint; ~36 min on 2 cores, BF16 most of it: not in CI)
     lint             ruff check . && ruff format --check .
     demo             python -m trnmodels.llama3.demo: SmolLM2 real weights (`-- --tiny`: random tiny model)
     real-weights     trnmodels real-weights: build the SmolLM2-135M-Instruct checkpoint once, print its folder

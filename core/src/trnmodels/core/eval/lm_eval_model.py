@@ -293,7 +293,8 @@ class TrnModelsLM(TemplateLM):
 
     def _sampling_params(self, kwargs: dict[str, Any], max_gen_toks: int) -> SamplingParams:
         do_sample = bool(kwargs.pop("do_sample", False))
-        temperature = float(kwargs.pop("temperature", 0.0)) if do_sample else 0.0
+        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)  # normalize_gen_kwargs: 0 unless sampling
+        temperature = temperature if do_sample else 0.0
         params = SamplingParams(
             max_new_tokens=max_gen_toks,
             temperature=temperature,
