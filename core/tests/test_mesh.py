@@ -48,6 +48,7 @@ def test_layout_rejects_non_positive_degrees(bad):
         ParallelLayout(ep=bad)
 
 
+@pytest.mark.slow
 def test_tp2_ep2_groups_over_gloo(rank_fns):
     results = run_on_ranks(rank_fns.mesh_checks, ParallelLayout(tp=2, ep=2))
     # Rank r contributes r + 1. TP groups {0,1} {2,3}; EP groups {0,2} {1,3}; world sums to 10.
@@ -73,6 +74,7 @@ def test_tp2_ep2_groups_over_gloo(rank_fns):
         assert r["coords"]["tp"] == tp_rank and r["coords"]["ep"] == ep_rank
 
 
+@pytest.mark.slow
 def test_user_error_inside_ranks_reaches_the_caller_as_itself(rank_fns):
     with pytest.raises(ShardingError, match=r"of 2: ep_degree=3 does not divide num_local_experts=4"):
         run_on_ranks(rank_fns.raise_sharding_error, 2)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from trnmodels.core.errors import ShardingError
-from trnmodels.core.modules import ExpertsCheckpointFormat, MoEExperts
+from trnmodels.core.modules import ExpertsCheckpointFormat, MoEExperts, per_expert_keys
 from trnmodels.core.parallel import destroy_parallel_state, init_parallel_state
 from trnmodels.core.weights import StateDictCheckpoint, load_parameters
 from trnmodels.core.weights.checkpoint import CheckpointTensor
@@ -105,3 +105,66 @@ def test_ep_degree_that_does_not_divide_the_experts():
         pytest.raises(ShardingError, match=r"ep_degree=3 does not divide num_local_experts=4"),
     ):
         MoEExperts(E, H, INTER)
+
+
+def per_expert_checkpoint(seed: int = 1) -> dict[str, torch.Tensor]:
+    """Mixtral's layout: ``experts.{j}.w1`` (gate) / ``w3`` (up) ``[I, H]``, ``w2`` (down) ``[H, I]``."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        f"experts.{j}.{name}.weight": torch.randn(*shape, generator=g) * 0.3
+        for j in range(E)
+        for name, shape in (("w1", (INTER, H)), ("w3", (INTER, H)), ("w2", (H, INTER)))
+    }
+
+
+def mixtral_experts_reference(ckpt, x, weights, experts) -> torch.Tensor:
+    """Hand-computed: each token sums ``w · W2 (silu(W1 x) * W3 x)`` over its chosen experts."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, j in zip(weights[t], experts[t], strict=True):
+            w1, w2, w3 = (ckpt[f"experts.{int(j)}.{n}.weight"] for n in ("w1", "w2", "w3"))
+            out[t] += w * (w2 @ (torch.nn.functional.silu(w1 @ x[t]) * (w3 @ x[t])))
+    return out
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_per_expert_layout_matches_the_hand_computed_experts(tp, ep):
+    """Every rank loads only its experts' keys and its TP slice; the partial outputs of all ranks (summed
+    here by hand, as the all-reduce would) equal the reference."""
+    ckpt = per_expert_checkpoint()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, H, generator=g)
+    weights = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    chosen = torch.tensor([[0, 3], [1, 2], [2, 0], [3, 1], [1, 0]])
+    keys = per_expert_keys("experts.", E)
+    total = torch.zeros_like(x)
+    for rank in range(tp * ep):
+        recording = RecordingCheckpoint(ckpt)
+        with mesh(rank, tp, ep):
+            experts = MoEExperts(
+                E, H, INTER, act="silu", checkpoint_format=ExpertsCheckpointFormat(per_expert=True)
+            )
+            load_parameters(experts, recording, keys, rank=rank % tp, world_size=tp, progress=False)
+            # The fake process group's all-reduce returns this rank's partial sum unchanged.
+            total += experts(x, weights, chosen, torch.tensor(rank))
+        owned = {f"experts.{j}." for j in range(E)[rank // tp * E // ep : (rank // tp + 1) * E // ep]}
+        assert {k.rsplit(".", 2)[0] + "." for k, r in recording.reads.items() if r} == owned
+    torch.testing.assert_close(total, mixtral_experts_reference(ckpt, x, weights, chosen))
+
+
+def test_per_expert_layout_interleaves_gate_and_up_for_swiglu_clamped():
+    ckpt = per_expert_checkpoint()
+    with mesh(1, 2, 1):
+        experts = MoEExperts(E, H, INTER, checkpoint_format=ExpertsCheckpointFormat(per_expert=True))
+        load_parameters(
+            experts, StateDictCheckpoint(ckpt), per_expert_keys("experts.", E), rank=1, world_size=2
+        )
+    part = INTER // 2
+    for j in range(E):
+        gate = ckpt[f"experts.{j}.w1.weight"][part:].T
+        up = ckpt[f"experts.{j}.w3.weight"][part:].T
+        torch.testing.assert_close(experts.gate_up[j][:, 0::2], gate, rtol=0, atol=0)
+        torch.testing.assert_close(experts.gate_up[j][:, 1::2], up, rtol=0, atol=0)
+        torch.testing.assert_close(
+            experts.down[j], ckpt[f"experts.{j}.w2.weight"][:, part:].T, rtol=0, atol=0
+        )

@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = [ROOT / "core", *sorted(p.parent for p in ROOT.glob("models/*/pyproject.toml"))]
 UV = os.environ.get("UV") or shutil.which("uv")
 
-pytestmark = pytest.mark.skipif(UV is None, reason="`uv` is not on PATH; it is needed to build the wheels")
+pytestmark = [
+    pytest.mark.skipif(UV is None, reason="`uv` is not on PATH; it is needed to build the wheels"),
+    pytest.mark.slow,  # wheel and sdist builds, a venv install
+]
 
 
 def _project(member: Path) -> dict:

@@ -55,6 +55,7 @@ def _weights_and_inputs() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tens
     return w, inputs
 
 
+# Every test of the spawn is slow (`nox -s tests-fast` skips them); the world-size-1 tests below stay fast.
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     """Every rank's results from one 2-rank spawn, plus the weights and inputs they used."""
@@ -72,12 +73,14 @@ def tp2(tmp_path_factory):
     return results, weights, inputs
 
 
+@pytest.mark.slow
 def test_all_reduce(tp2):
     results, _, _ = tp2
     for r in results:
         torch.testing.assert_close(r["all_reduce"], torch.tensor([[3.0, 6.0], [9.0, 12.0]]))
 
 
+@pytest.mark.slow
 def test_all_gather_dim0_and_last(tp2):
     results, _, _ = tp2
     for r in results:
@@ -89,6 +92,7 @@ def test_all_gather_dim0_and_last(tp2):
         )
 
 
+@pytest.mark.slow
 def test_reduce_scatter_dim0_and_dim1(tp2):
     results, _, _ = tp2
     # Sum over ranks of arange(8).reshape(2, 4) + 10 * rank = 2 * arange + 10.
@@ -100,6 +104,7 @@ def test_reduce_scatter_dim0_and_dim1(tp2):
         assert "tp_degree=4" in r["init_mismatch"] and "world size 2" in r["init_mismatch"]
 
 
+@pytest.mark.slow
 def test_column_then_row_parallel_equals_full_linears(tp2):
     results, w, inputs = tp2
     ref = F.linear(torch.relu(F.linear(inputs["x"], w["up.weight"], w["up.bias"])), w["down.weight"])
@@ -110,6 +115,7 @@ def test_column_then_row_parallel_equals_full_linears(tp2):
         torch.testing.assert_close(r["mlp"], ref)
 
 
+@pytest.mark.slow
 def test_vocab_parallel_embedding_odd_vocab(tp2):
     results, w, inputs = tp2
     table = w["embed.weight"]
@@ -120,6 +126,7 @@ def test_vocab_parallel_embedding_odd_vocab(tp2):
         torch.testing.assert_close(r["embed"], F.embedding(inputs["ids"], table))
 
 
+@pytest.mark.slow
 def test_parallel_lm_head_odd_vocab(tp2):
     results, w, inputs = tp2
     for r in results:
@@ -127,6 +134,7 @@ def test_parallel_lm_head_odd_vocab(tp2):
         torch.testing.assert_close(r["logits"], inputs["h"] @ w["lm_head.weight"].T)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", [1, 2])
 def test_qkv_parallel_heads_per_rank(tp2, kv):
     results, w, inputs = tp2

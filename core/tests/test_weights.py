@@ -21,6 +21,7 @@ from trnmodels.core.weights import (
     check_key_coverage,
     concat_sharded,
     fused_qkv,
+    identity_keys,
     kv_head_for_rank,
     load_parameters,
     padded_rows,
@@ -472,3 +473,20 @@ def test_index_with_malformed_weight_map(tmp_path: Path, weight_map: object):
     with pytest.raises(CheckpointError) as e:
         SafetensorsCheckpoint(tmp_path)
     assert str(index) in str(e.value)
+
+
+def test_identity_keys_maps_fused_projections_to_their_sources():
+    layer = torch.nn.Module()
+    layer.input_layernorm = torch.nn.LayerNorm(4)
+    layer.self_attn = torch.nn.Module()
+    layer.self_attn.qkv_proj = torch.nn.Linear(4, 12)
+    layer.mlp = torch.nn.Module()
+    layer.mlp.gate_up_proj = torch.nn.Linear(4, 8, bias=False)
+    p = "model.layers.0."
+    assert identity_keys(layer, p) == {
+        "input_layernorm.weight": f"{p}input_layernorm.weight",
+        "input_layernorm.bias": f"{p}input_layernorm.bias",
+        "self_attn.qkv_proj.weight": [f"{p}self_attn.{x}_proj.weight" for x in "qkv"],
+        "self_attn.qkv_proj.bias": [f"{p}self_attn.{x}_proj.bias" for x in "qkv"],
+        "mlp.gate_up_proj.weight": [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"],
+    }

@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--dev", action="store_true", help="a small, fast video")
     args = parser.parse_args()
 
-    from trnmodels.core.diffusion.stage_config import DiffusionStageConfig
+    from trnmodels.core.omni.stage_config import DiffusionStageConfig
 
     stage = DiffusionStageConfig.from_yaml(args.stage_config)
     params = {**stage.sampling, **(DEV if args.dev else {})}

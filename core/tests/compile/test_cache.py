@@ -85,6 +85,7 @@ print("hit" if ArtifactCache(root).get_or_build("shared", build, {})[1] else "mi
 """
 
 
+@pytest.mark.slow  # two fresh interpreters racing for one key
 def test_two_processes_compiling_one_key_compile_once(tmp_path):
     counter = tmp_path / "builds.txt"
     cmd = [sys.executable, "-c", SLOW_BUILD, str(tmp_path / "cache"), str(counter)]

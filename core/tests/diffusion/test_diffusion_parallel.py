@@ -37,6 +37,7 @@ def ranks(inputs):
         mp.undo()
 
 
+@pytest.mark.slow  # the 2-rank spawn (`ranks`); the single-rank tests below stay fast
 def test_split_and_gather_sequence(ranks, inputs):
     x = inputs[0]
     for r in ranks:
@@ -44,6 +45,7 @@ def test_split_and_gather_sequence(ranks, inputs):
         torch.testing.assert_close(r["regathered"], x, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["allgather", "ring"])
 def test_cp_self_attention_matches_full_attention(ranks, inputs, path):
     _, q, k, v, _, _ = inputs
@@ -54,12 +56,14 @@ def test_cp_self_attention_matches_full_attention(ranks, inputs, path):
         torch.testing.assert_close(r[path], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_ring_switch(ranks):
     for r in ranks:
         assert r["ring_available"] and r["use_ring_auto"]
         assert r["use_ring_off"] is False
 
 
+@pytest.mark.slow
 def test_cfg_parallel_matches_sequential(ranks, inputs):
     *_, cond, uncond = inputs
     expected = SequentialCFG().predict_noise_with_cfg(lambda e: e * 2.0, cond, uncond, 3.5)

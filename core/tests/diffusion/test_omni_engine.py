@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trnmodels.core.diffusion.omni_engine import (
+from trnmodels.core.errors import ConfigError, InputError, ShardingError
+from trnmodels.core.omni.engine import (
     EngineOptions,
     call_kwargs,
     engine_options,
     get_post_process_func,
     get_pre_process_func,
 )
-from trnmodels.core.errors import ConfigError, InputError, ShardingError
 
 WAN_CALL = frozenset(
     "prompt negative_prompt height width num_frames num_inference_steps guidance_scale guidance_scale_2 "

@@ -9,8 +9,8 @@ import importlib
 import inspect
 from importlib import metadata
 
-from trnmodels.core.diffusion.registry import discover_pipelines, pipeline_class
-from trnmodels.core.omni import register_pipelines
+from trnmodels.core.omni.registration import register_pipelines
+from trnmodels.core.omni.registry import discover_pipelines, pipeline_class
 
 
 def test_entry_point_is_declared():

@@ -70,6 +70,7 @@ def rank_fns():
         mp.undo()
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_patch_parallel_equals_single_rank_tiling(rank_fns):
     z = torch.randn(1, 2, 2, 10, 13, generator=torch.Generator().manual_seed(1))
     grid = decode_grid((10, 13), 8, (32, 32), (24, 24))

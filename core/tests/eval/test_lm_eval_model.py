@@ -141,6 +141,7 @@ def test_model_is_registered_with_lm_eval(tiny_checkpoint):
     assert get_model("trnmodels") is register()
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_tensor_parallel_scores_equal_tp1(lm, tiny_checkpoint):
     """TP=2 ranks (spawned once, serving several calls) score as TP=1 does."""
     from trnmodels.core.eval import register

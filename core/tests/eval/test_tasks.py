@@ -82,6 +82,7 @@ def test_command_line_includes_the_shipped_tasks(argv, expected):
     assert lm_eval_argv(argv) == expected
 
 
+@pytest.mark.slow  # a full lm_eval run of every L1 task, ours and HF
 def test_task_accuracy_runs_the_l1_tasks_against_hf(tiny_checkpoint):
     """The accuracy harness's L1 entry point: ours and HF FP32 on the shipped tasks (two documents each)."""
     from trnmodels.core.accuracy import task_accuracy
@@ -102,14 +103,3 @@ def test_task_accuracy_runs_the_l1_tasks_against_hf(tiny_checkpoint):
     )
     assert report.passed, report.format()
     assert "L1 task accuracy" in report.format()
-
-
-def test_tp_degree_is_the_smallest_that_splits_the_heads(tiny_checkpoint, tmp_path):
-    from trnmodels.core.eval.report import tp_degree
-
-    assert tp_degree(str(tiny_checkpoint)) == 2  # 4 query heads, 2 KV heads
-    config = json.loads((tiny_checkpoint / "config.json").read_text())
-    (tmp_path / "config.json").write_text(
-        json.dumps({**config, "num_attention_heads": 9, "num_key_value_heads": 3})
-    )
-    assert tp_degree(str(tmp_path)) == 3  # SmolLM2-135M's heads

@@ -17,7 +17,7 @@ def main() -> int:
     from vllm_omni.diffusion import registry
     from vllm_omni.plugins import load_omni_general_plugins
 
-    from trnmodels.core.omni import POST_PROCESS_FUNC, PRE_PROCESS_FUNC
+    from trnmodels.core.omni.registration import POST_PROCESS_FUNC, PRE_PROCESS_FUNC
 
     builtin = registry.DiffusionModelRegistry.models["WanPipeline"].module_name
     load_omni_general_plugins()

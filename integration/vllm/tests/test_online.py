@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from vllm_harness import CHATS, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, TinyCheckpoint, vllm_env
 
-from trnmodels.core.vllm.server import VllmServer
+from benchmarks.vllm_server import VllmServer
 
 BURST = 50
 # --shutdown-timeout: on SIGTERM the API server waits this long for the engine and its workers to exit

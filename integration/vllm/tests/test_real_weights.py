@@ -13,8 +13,8 @@ import transformers
 from test_online import ARGS, GREEDY
 from vllm_harness import MAX_TOKENS, PROMPTS, run_offline, vllm_env
 
+from benchmarks.vllm_server import VllmServer
 from trnmodels.core.real_weights import real_checkpoint
-from trnmodels.core.vllm.server import VllmServer
 
 QUESTION = "What is the capital of France?"
 COMPLETIONS = [*PROMPTS, "The capital of France is", "def fibonacci(n):"]

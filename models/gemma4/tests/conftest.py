@@ -3,8 +3,6 @@ the language model under ``model.language_model.*`` beside small vision and audi
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,10 +112,3 @@ def make_checkpoint(tmp_path: Path) -> Callable[..., tuple[Path, transformers.Pr
         return out, model
 
     return make
-
-
-def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``trnmodels ARGS`` as a user would, in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "trnmodels.core.cli", *args], capture_output=True, text=True, timeout=timeout
-    )

@@ -13,19 +13,11 @@ from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_gra
 from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.engine import Runner
 from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
+from trnmodels.core.testing.conformance import RUNNER
 
 from .conftest import MOE, PLE_KV_SHARED
 from .test_model_logits import SEED
 
-# Small buckets keep compiles short; two token buckets and two context buckets exercise the padding.
-RUNNER = RunnerConfig(
-    max_num_seqs=4,
-    max_model_len=64,
-    block_size=8,
-    num_batched_tokens_buckets=(32, 64),
-    num_seqs_buckets=(2, 4),
-    context_len_buckets=(32, 64),
-)
 NEW_TOKENS = 10
 
 
@@ -67,6 +59,7 @@ def test_greedy_generation_matches_hf_on_a_ragged_batch(greedy_cases, name):
     assert runner.allocator.num_free == RUNNER.num_blocks - 1
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_greedy_generation_matches_hf_tp2(greedy_cases):
     ckpt, prompts, expected = greedy_cases["ple_kv_shared"]
     out = generate_token_ids(GenerateJob(str(ckpt), tuple(map(tuple, prompts)), PARAMS, RUNNER), tp=2)
@@ -86,6 +79,7 @@ def test_kv_shared_layers_own_no_cache(greedy_cases):
     assert model.layers[4].self_attn.attn.kv_sharing_target_layer_name == "layers.1.self_attn"
 
 
+@pytest.mark.slow  # AOT compiles
 def test_compiled_graphs_match_eager(greedy_cases, tmp_path):
     ckpt, prompts, expected = greedy_cases["ple_kv_shared"]
     runner_cfg = RunnerConfig(

@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 
 from trnmodels.core.accuracy import compare_teacher_forced_logits, hf_logits
 from trnmodels.core.runner.score import ScoreJob, score_many
+from trnmodels.core.testing import run_cli
 
-from .conftest import DENSE_K_EQ_V, FULL, GLOBAL_KV1, MOE, PLE_KV_SHARED, SLIDING, run_cli
+from .conftest import DENSE_K_EQ_V, FULL, GLOBAL_KV1, MOE, PLE_KV_SHARED, SLIDING
 
 FP32_ATOL = 1e-4
 
@@ -95,10 +96,12 @@ def test_logits_match_hf_tp1(checkpoints):
     check(checkpoints, score_many(jobs(checkpoints), tp=1), "tp=1")
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_logits_match_hf_tp2(checkpoints):
     check(checkpoints, score_many(jobs(checkpoints), tp=2), "tp=2")
 
 
+@pytest.mark.slow  # two and four gloo ranks
 @pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2)], ids=["ep2", "tp2xep2"])
 def test_moe_logits_match_hf_ep(checkpoints, tp, ep):
     """Experts split over EP ranks, and at TP=2 × EP=2 (4 ranks) each expert TP-split inside too."""
@@ -106,6 +109,7 @@ def test_moe_logits_match_hf_ep(checkpoints, tp, ep):
     check(moe, score_many(jobs(moe), tp=tp, ep=ep), f"tp={tp} ep={ep}")
 
 
+@pytest.mark.slow  # a CLI process that starts two ranks
 def test_cli_logits_tp2_matches_hf(checkpoints, tmp_path):
     """The public command: `trnmodels logits ... --tp 2 --out F` writes [T, vocab] float32 logits."""
     _, _, ckpt, ids, _, expected = next(c for c in checkpoints if c[0] == "ple_kv_shared_double_wide")

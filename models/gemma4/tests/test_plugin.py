@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
+
+import pytest
 
 from trnmodels.core.plugins import discover_plugins, plugin_for_architecture
+from trnmodels.core.testing import run_cli
 
-from .conftest import run_cli
+# The version this member's pyproject.toml declares: what the installed distribution must report.
+VERSION = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_entry_point_announces_gemma4():
     plugin = discover_plugins()["gemma4"]
     assert plugin.architectures == ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
-    assert plugin.version == "0.1.0"
+    assert plugin.version == VERSION
     assert plugin_for_architecture("Gemma4ForConditionalGeneration") == plugin
     assert plugin_for_architecture("Gemma4ForCausalLM") == plugin
     assert (plugin.bundled_config_dir("tiny") / "config.json").is_file()
@@ -38,13 +44,14 @@ def test_text_only_causal_lm_layout_matches_hf(tmp_path):
     assert (score_checkpoint(ckpt, ids, 4) - hf_logits(hf, ids)).abs().max() <= 1e-4
 
 
+@pytest.mark.slow  # a fresh `trnmodels` process; llama3's test_info_lists_llama3 is the fast one
 def test_info_lists_gemma4():
     done = run_cli("info", "--json")
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     assert {
         "name": "gemma4",
-        "version": "0.1.0",
+        "version": VERSION,
         "distribution": "trnmodels-gemma4",
         "architectures": ["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
     } in info["plugins"]

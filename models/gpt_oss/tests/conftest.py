@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,10 +117,3 @@ def make_checkpoint(tmp_path: Path) -> Callable[..., tuple[Path, transformers.Gp
         return out, model
 
     return make
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``trnmodels ARGS`` as a user would, in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "trnmodels.core.cli", *args], capture_output=True, text=True, timeout=timeout
-    )

@@ -9,9 +9,10 @@ import pytest
 from trnmodels.core.causal_lm import build_model
 from trnmodels.core.errors import ConfigError, ShardingError
 from trnmodels.core.runtime_config import NeuronConfig
+from trnmodels.core.testing import run_cli
 from trnmodels.gpt_oss.factory import validate
 
-from .conftest import hf_config, run_cli
+from .conftest import hf_config
 
 
 def test_ep_degree_must_divide_the_experts():
@@ -48,6 +49,7 @@ def test_unsupported_quantization_is_refused(method):
         validate(config, NeuronConfig())
 
 
+@pytest.mark.slow  # a fresh `trnmodels` process; core/tests/cli runs the --ep bad inputs in-process
 def test_cli_reports_a_bad_ep_degree_in_one_line(make_checkpoint):
     ckpt, _ = make_checkpoint()
     done = run_cli(

@@ -14,19 +14,12 @@ from trnmodels.core.accuracy import greedy_teacher_sequence
 from trnmodels.core.compile import CompileTarget, compile_all
 from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
-from trnmodels.core.testing import save_checkpoint, save_random_checkpoint
+from trnmodels.core.testing import run_cli, save_checkpoint, save_random_checkpoint
+from trnmodels.core.testing.conformance import RUNNER
 
-from .conftest import build_hf, run_cli
+from .conftest import build_hf
 from .test_model_logits import SEED, random_config
 
-RUNNER = RunnerConfig(
-    max_num_seqs=4,
-    max_model_len=64,
-    block_size=8,
-    num_batched_tokens_buckets=(32, 64),
-    num_seqs_buckets=(2, 4),
-    context_len_buckets=(32, 64),
-)
 NEW_TOKENS = 12
 TINY = __import__("trnmodels.gpt_oss", fromlist=["PLUGIN"]).PLUGIN.bundled_config_dir("tiny")
 
@@ -49,7 +42,9 @@ def greedy_cases(tmp_path_factory):
     return cases
 
 
-@pytest.mark.parametrize("tp,ep", [(1, 1), (1, 2)], ids=["tp1", "ep2"])
+@pytest.mark.parametrize(
+    "tp,ep", [pytest.param(1, 1, id="tp1"), pytest.param(1, 2, id="ep2", marks=pytest.mark.slow)]
+)
 def test_greedy_generation_matches_hf_on_a_ragged_batch(greedy_cases, tp, ep):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     for ckpt, prompts, expected, overrides in greedy_cases:
@@ -58,6 +53,7 @@ def test_greedy_generation_matches_hf_on_a_ragged_batch(greedy_cases, tp, ep):
         assert got == expected, f"tp={tp} ep={ep} seed={SEED} {overrides}"
 
 
+@pytest.mark.slow  # AOT compiles, two gloo ranks
 def test_ep2_ranks_share_compiled_graphs_and_match_hf(greedy_cases, tmp_path):
     """Graphs traced once on a fake 2-rank EP group serve both gloo ranks: the expert slice each rank
     holds is picked by the rank tensor inside the graph, not baked in."""
@@ -79,6 +75,7 @@ def test_ep2_ranks_share_compiled_graphs_and_match_hf(greedy_cases, tmp_path):
     assert [r.token_ids for r in out["results"]] == [expected[i] for i in picked]
 
 
+@pytest.mark.slow  # a CLI process that starts two ranks
 def test_cli_generate_ep2_equals_hf_greedy(tmp_path):
     ckpt = save_random_checkpoint(TINY, tmp_path / "tiny")
     hf = transformers.GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()

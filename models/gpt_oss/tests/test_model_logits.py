@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 
 from trnmodels.core.accuracy import compare_teacher_forced_logits, hf_logits
 from trnmodels.core.runner.score import ScoreJob, score_many
-
-from .conftest import run_cli
+from trnmodels.core.testing import run_cli
 
 FP32_ATOL = 1e-4
 
@@ -85,7 +84,15 @@ def jobs(cases):
     return [ScoreJob(str(ckpt), tuple(ids), prefill) for _, _, ckpt, ids, prefill, _ in cases]
 
 
-@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (1, 2), (2, 2)], ids=["tp1", "tp2", "ep2", "tp2xep2"])
+@pytest.mark.parametrize(
+    "tp,ep",
+    [
+        pytest.param(1, 1, id="tp1"),
+        pytest.param(2, 1, id="tp2", marks=pytest.mark.slow),
+        pytest.param(1, 2, id="ep2", marks=pytest.mark.slow),
+        pytest.param(2, 2, id="tp2xep2", marks=pytest.mark.slow),
+    ],
+)
 def test_logits_match_hf(checkpoints, tp, ep):
     for (name, overrides, _, _, prefill, expected), ours in zip(
         checkpoints, score_many(jobs(checkpoints), tp=tp, ep=ep), strict=True
@@ -96,6 +103,7 @@ def test_logits_match_hf(checkpoints, tp, ep):
         )
 
 
+@pytest.mark.slow  # a CLI process that starts two ranks
 def test_cli_logits_ep2_matches_hf(checkpoints, tmp_path):
     """The public command with expert parallelism: `trnmodels logits ... --ep 2 --out F`."""
     name, _, ckpt, ids, prefill, expected = checkpoints[-1]

@@ -17,10 +17,10 @@ from trnmodels.core import ops
 from trnmodels.core.accuracy import assert_close_three_way, load_from_hf_module
 from trnmodels.core.attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from trnmodels.core.kv_cache import allocate_kv_cache, slot_mapping
-from trnmodels.core.modules import MoEExperts, RotaryEmbedding
+from trnmodels.core.modules import MoEExperts, RotaryEmbedding, SelfAttention
 from trnmodels.core.runtime_config import NeuronConfig
 from trnmodels.gpt_oss.config import GptOssConfig
-from trnmodels.gpt_oss.model import GptOssAttention, GptOssDecoderLayer, GptOssMoE
+from trnmodels.gpt_oss.model import GptOssDecoderLayer, GptOssMoE
 
 from .conftest import build_hf
 
@@ -71,7 +71,7 @@ def with_rope_and_cache(ours, cfg):
 def attention_pair(layer_idx: int):
     def pair(hf_model, hf_cfg, cfg):
         theirs = hf_model.model.layers[layer_idx].self_attn
-        ours = GptOssAttention(cfg, layer_idx)
+        ours = SelfAttention.for_layer(cfg, layer_idx, sliding_window=cfg.window(layer_idx), sinks=True)
         load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
         window = cfg.window(layer_idx)
 

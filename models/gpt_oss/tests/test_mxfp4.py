@@ -15,8 +15,9 @@ from trnmodels.core.causal_lm import build_model
 from trnmodels.core.errors import CheckpointError
 from trnmodels.core.runner.score import score_checkpoint
 from trnmodels.core.runtime_config import NeuronConfig
+from trnmodels.core.testing import run_cli
 
-from .conftest import quantize_checkpoint, run_cli
+from .conftest import quantize_checkpoint
 
 IDS = [5, 17, 3, 99, 42, 8, 0, 100, 64, 23, 11, 7, 30, 31, 2, 9, 12, 77, 54, 4, 6, 19]
 PREFILL = 10
@@ -59,6 +60,7 @@ def test_mxfp4_logits_match_hf_dequantized(mxfp4):
     assert (ours - expected).abs().max() <= 1e-4
 
 
+@pytest.mark.slow  # a CLI process that starts two ranks
 def test_mxfp4_through_cli_with_ep2(mxfp4, tmp_path):
     """The same command as a BF16 checkpoint; each EP rank decodes only its experts' blocks."""
     ckpt, expected = mxfp4

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
+
+import pytest
 
 from trnmodels.core.plugins import discover_plugins, plugin_for_architecture
+from trnmodels.core.testing import run_cli
 
-from .conftest import run_cli
+# The version this member's pyproject.toml declares: what the installed distribution must report.
+VERSION = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_entry_point_announces_gpt_oss():
     plugin = discover_plugins()["gpt_oss"]
     assert plugin.architectures == ("GptOssForCausalLM",)
-    assert plugin.version == "0.1.0"
+    assert plugin.version == VERSION
     assert plugin_for_architecture("GptOssForCausalLM") == plugin
 
 
@@ -30,12 +36,13 @@ def test_factory_builds_the_model_with_windowed_kv_spec(make_checkpoint):
     ]
 
 
+@pytest.mark.slow  # a fresh `trnmodels` process; llama3's test_info_lists_llama3 is the fast one
 def test_info_lists_gpt_oss():
     done = run_cli("info", "--json")
     assert done.returncode == 0, done.stderr
     assert {
         "name": "gpt_oss",
-        "version": "0.1.0",
+        "version": VERSION,
         "distribution": "trnmodels-gpt-oss",
         "architectures": ["GptOssForCausalLM"],
     } in json.loads(done.stdout)["plugins"]

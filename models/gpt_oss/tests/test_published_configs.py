@@ -83,7 +83,7 @@ def case(request, tmp_path_factory):
     return name, ckpt, ids, expected
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_published_config_logits_match_hf(case, tp, tmp_path):
     name, ckpt, ids, expected = case
     err = cli_logits_max_error(ckpt, ids, PREFILL, tp, expected, tmp_path / "logits.safetensors")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,10 +62,3 @@ def make_checkpoint(tmp_path: Path) -> Callable[..., tuple[Path, transformers.Ll
         return out, model
 
     return make
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``trnmodels ARGS`` as a user would, in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "trnmodels.core.cli", *args], capture_output=True, text=True, timeout=timeout
-    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trnmodels.core.modules import rotary
@@ -15,6 +16,7 @@ def test_demo_report_passes(capsys):
     assert "BF16 three-way" in out and "KV cache cosine" in out
 
 
+@pytest.mark.slow  # a second demo run; test_demo_report_passes is the fast one
 def test_demo_report_catches_an_off_by_one_rope(capsys, monkeypatch):
     real = rotary.cos_sin
 

@@ -1,9 +1,8 @@
-"""The runner end to end: greedy parity with HF generate, compiled = eager, seeded sampling, bad input."""
+"""The runner end to end beyond the conformance suite: EOS, seeded sampling, the compile cache, bad input."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import transformers
@@ -17,57 +16,13 @@ from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.engine import Runner
 from trnmodels.core.runner.generate import GenerateJob, generate_token_ids
 from trnmodels.core.runner.score import NonFiniteLogitsError
+from trnmodels.core.testing import run_cli
+from trnmodels.core.testing.conformance import RUNNER
 from trnmodels.llama3.demo import build_demo_checkpoint
-
-from .conftest import LLAMA3_ROPE, run_cli
-from .test_model_logits import SEED, random_config
-
-# Small buckets keep compiles short; two token buckets and two context buckets exercise the padding.
-RUNNER = RunnerConfig(
-    max_num_seqs=4,
-    max_model_len=64,
-    block_size=8,
-    num_batched_tokens_buckets=(32, 64),
-    num_seqs_buckets=(2, 4),
-    context_len_buckets=(32, 64),
-)
-NEW_TOKENS = 12
-
-
-def ragged_prompts(vocab: int, rng: random.Random) -> list[list[int]]:
-    return [[rng.randrange(vocab) for _ in range(n)] for n in (5, 17, 1, 9, 30)]
 
 
 def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], new_tokens: int) -> list[int]:
     return greedy_teacher_sequence(hf, prompt, new_tokens)[len(prompt) :]
-
-
-@pytest.fixture
-def greedy_cases(make_checkpoint):
-    rng = random.Random(SEED)
-    cases = []
-    named = [
-        dict(rope_parameters=LLAMA3_ROPE),
-        dict(num_key_value_heads=1, vocab_size=101, tie_word_embeddings=True),
-    ]
-    for i, overrides in enumerate([*named, random_config(rng)]):
-        overrides["max_position_embeddings"] = 256
-        ckpt, hf = make_checkpoint(seed=10 + i, **overrides)
-        prompts = ragged_prompts(hf.config.vocab_size, rng)
-        cases.append((ckpt, prompts, [hf_greedy(hf, p, NEW_TOKENS) for p in prompts], overrides))
-    return cases
-
-
-@pytest.mark.parametrize("tp", [1, 2])
-def test_greedy_generation_matches_hf_on_a_ragged_batch(greedy_cases, tp):
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    for ckpt, prompts, expected, overrides in greedy_cases:
-        job = GenerateJob(str(ckpt), tuple(map(tuple, prompts)), params, RUNNER)
-        out = generate_token_ids(job, tp)
-        got = [r.token_ids for r in out["results"]]
-        assert got == expected, f"tp={tp} seed={SEED} {overrides}"
-        # 5 prompts, 4 sequence slots: the fifth waits for a slot, so prefill and decode interleave.
-        assert out["steps"].count("prefill_32") + out["steps"].count("prefill_64") >= 2
 
 
 def test_sequences_finish_at_different_steps_on_eos_and_max_tokens(make_checkpoint):
@@ -121,6 +76,7 @@ def test_sampling_accepts_any_64_bit_seed_and_none(make_checkpoint):
     assert len({str(d) for d in draws.values()}) == 3
 
 
+@pytest.mark.slow  # AOT compiles
 def test_compiled_graphs_match_eager_and_a_second_compile_only_hits(make_checkpoint, tmp_path, monkeypatch):
     ckpt, _ = make_checkpoint(seed=5)
     runner_cfg = RunnerConfig(
@@ -198,6 +154,7 @@ def test_runner_refuses_a_block_size_the_model_does_not_use(make_checkpoint):
         Runner(model, RunnerConfig(max_num_seqs=2, max_model_len=64, block_size=16))
 
 
+@pytest.mark.slow  # a fresh `trnmodels` process generating; the CLI's bad inputs run in-process in core
 def test_cli_generate_json_contract(tmp_path):
     ckpt = tmp_path / "tiny"
     build_demo_checkpoint(ckpt)
@@ -212,6 +169,7 @@ def test_cli_generate_json_contract(tmp_path):
     # Bad input (cache dir, buckets, prompt length, sampling flags, ...): core/tests/cli/bad_inputs.py.
 
 
+@pytest.mark.slow  # AOT compiles, two gloo ranks
 def test_tp2_ranks_share_one_compiled_artifact_per_graph(make_checkpoint, tmp_path):
     """Graphs compiled once (traced on a fake 2-rank group) serve both gloo ranks; output equals HF."""
     ckpt, hf = make_checkpoint(seed=8, num_key_value_heads=1, vocab_size=101)

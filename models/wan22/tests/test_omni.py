@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trnmodels.core.diffusion.omni_engine import call_kwargs
 from trnmodels.core.errors import ShardingError
+from trnmodels.core.omni.engine import call_kwargs
 from trnmodels.wan22.omni import Wan22I2VOmniPipeline, Wan22OmniPipeline
 from trnmodels.wan22.pipeline_i2v import Wan22ImageToVideoPipeline
 from trnmodels.wan22.pipeline_t2v import Wan22Pipeline

@@ -16,6 +16,8 @@ from .test_pipeline import FP32_TOL, call_args, latents
 
 HERE = Path(__file__).parent
 
+pytestmark = pytest.mark.slow  # every test reads the 2-rank spawn; test_pipeline.py is the single-rank tier
+
 
 @pytest.fixture(scope="module")
 def ranks(tiny_t2v, tiny_i2v):

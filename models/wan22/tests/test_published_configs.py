@@ -100,6 +100,7 @@ def test_dit_matches_diffusers_tp1(published_t2v):
         torch.testing.assert_close(got, expected[name], **DIT_TOL)
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_dit_matches_diffusers_tp2(published_t2v):
     inputs = dit_inputs()
     expected = reference_outputs(published_t2v, inputs)

@@ -117,11 +117,13 @@ def test_tiled_decode_matches_diffusers_tiled(tiled, latents):
     torch.testing.assert_close(decode(ours_tiled, latents), decode(ref_tiled, latents), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # test_tiled_decode_matches_diffusers_tiled is the fast tiling case
 def test_tiled_encode_matches_diffusers_tiled(tiled, video):
     ours_tiled, ref_tiled = tiled
     torch.testing.assert_close(encode(ours_tiled, video), encode(ref_tiled, video), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_tiled_decode_close_to_untiled(tiled, ours, latents):
     # Tiles do not see past their window (and the middle block attends over the whole frame), so a tiled
     # decode is an approximation; the overlap keeps it close to the untiled one.
@@ -141,6 +143,7 @@ def test_bad_inputs_are_named(ours, video):
         ours.decode(torch.zeros(1, 4, 2, 6, 8))
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_patch_parallel_two_ranks_equals_tiled(vae_dir, tiled, latents):
     mp = pytest.MonkeyPatch()
     mp.syspath_prepend(str(HERE))
@@ -159,6 +162,7 @@ def test_patch_parallel_two_ranks_equals_tiled(vae_dir, tiled, latents):
         torch.testing.assert_close(sample, expected, rtol=0, atol=atol)
 
 
+@pytest.mark.slow  # AOT compiles
 def test_compiled_decode_matches_eager_and_hits_cache(vae_dir, ours, latents, tmp_path):
     # Two graphs (first frame, then a fixed-shape cached step replayed for frames 2 and 3), compiled once.
     vae = Wan22VAE.from_pretrained(vae_dir).eval()

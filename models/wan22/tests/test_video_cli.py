@@ -14,7 +14,7 @@ from diffusers import UniPCMultistepScheduler, WanPipeline
 from safetensors.torch import load_file
 
 from trnmodels.core.cli import main
-from trnmodels.core.diffusion import video_cli
+from trnmodels.core.cli import video as video_cli
 from trnmodels.core.parallel import launch
 from trnmodels.core.testing.bad_inputs import BadInput, check_one_line_error
 
@@ -121,7 +121,7 @@ def run_capturing_frames(monkeypatch, args: list[str]) -> tuple[torch.Tensor, to
     """Run the CLI; the frames it writes to the MP4 (before encoding) and the latents it writes."""
     captured = []
 
-    def capture(frames, out, fps=video_cli.FPS):
+    def capture(frames, out, fps):
         captured.append(torch.from_numpy(frames.copy()))
         original(frames, out, fps)
 
@@ -150,6 +150,7 @@ def tiled_run(tiny_t2v, tmp_path_factory):
         monkeypatch.undo()
 
 
+@pytest.mark.slow  # a 272-pixel-high tiled video, twice through diffusers too
 def test_vae_tiling_matches_diffusers_tiled_decode(tiny_t2v, tiled_run):
     _, frames = tiled_run
     tiled_vae = copy.deepcopy(tiny_t2v.reference.vae)
@@ -161,6 +162,7 @@ def test_vae_tiling_matches_diffusers_tiled_decode(tiny_t2v, tiled_run):
     assert (frames - untiled).abs().max() > 1e-4  # tiling took effect: the seams blend differently
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_vae_patch_parallel_and_ring_attention_on_two_ranks_equal_one_rank(
     tiny_t2v, tiled_run, tmp_path, monkeypatch
 ):
@@ -172,6 +174,7 @@ def test_vae_patch_parallel_and_ring_attention_on_two_ranks_equal_one_rank(
     torch.testing.assert_close(frames, tiled_run[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_video_cfg_parallel_two_ranks(tiny_t2v, reference_latents, tmp_path):
     assert main([*cli_args(tiny_t2v.path, tmp_path), "--cfg-parallel", "2", "--json"]) == 0
     latents = load_file(tmp_path / "latents.safetensors")["latents"]
@@ -246,7 +249,7 @@ def test_image_to_video_needs_an_image(tiny_i2v, tmp_path, capsys, no_ranks):
 
 def test_check_request_accepts_the_meshes_the_pipeline_runs(tiny_t2v, tiny_i2v):
     """The pre-launch check refuses nothing the pipeline runs (the 2-rank runs above use CFG 2 and CP 2)."""
-    from trnmodels.core.diffusion.registry import check_request, conditions_on_image
+    from trnmodels.core.omni.registry import check_request, conditions_on_image
 
     video = dict(num_frames=5, height=32, width=32, guidance_scale=4.0, guidance_scale_2=3.0)
     for checkpoint, architecture in ((tiny_t2v, "WanPipeline"), (tiny_i2v, "WanImageToVideoPipeline")):

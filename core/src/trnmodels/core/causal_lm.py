@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -13,10 +15,18 @@ from .attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from .errors import ConfigError, ShardingError
 from .hf_config import CONFIG_NAME, load_hf_config, read_config_dict
 from .kv_cache import KVSpec
-from .parallel.state import ProcessGroupHandle, get_parallel_layout
+from .modules.rotary import RotaryEmbedding
+from .neuron.adapters import register_configured_adapters
+from .parallel import (
+    ParallelLMHead,
+    ProcessGroupHandle,
+    VocabParallelEmbedding,
+    get_parallel_layout,
+    get_tp_group,
+)
 from .plugins import ModelPlugin, plugin_for_architecture
 from .runtime_config import NeuronConfig
-from .weights import KeyMap, SafetensorsCheckpoint, load_parameters
+from .weights import KeyDict, KeyMap, SafetensorsCheckpoint, identity_keys, load_parameters, prefixed
 
 
 @runtime_checkable
@@ -46,17 +56,80 @@ class CausalLM(Protocol):
     def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None: ...
 
 
-class PagedCausalLM(nn.Module):
-    """The contract's plumbing every decoder-only plugin model shares, so a model file holds only its math.
+class DecoderConfig(Protocol):
+    """What ``PagedCausalLM`` reads from a plugin's config dataclass."""
 
-    A subclass sets ``self.config`` (with ``block_size``), ``self.tp`` (its TP group) and ``self.lm_head``,
-    and defines ``forward`` and ``checkpoint_keys()``; it overrides ``ignored_checkpoint_keys()`` for keys
-    it deliberately leaves unread, and ``compute_logits`` if its logits need more than the head.
+    vocab_size: int
+    hidden_size: int
+    tie_word_embeddings: bool
+    dtype: torch.dtype
+    block_size: int
+
+
+class PagedCausalLM(nn.Module):
+    """What every decoder-only plugin model repeats, so a model file holds only its math.
+
+    It owns the config, the TP group and layout, the vocab-parallel embedding, the LM head (tied to the
+    embedding when ``tie_word_embeddings``), the decoder ``layers`` and the final ``norm`` it is given,
+    and the standard checkpoint layout: ``{prefix}embed_tokens.weight``, ``{prefix}norm.weight``,
+    ``lm_head.weight`` (absent when tied) and each layer's own ``checkpoint_keys(f"{prefix}layers.{i}.")``.
+
+    Given a ``rotary`` embedding, ``forward`` is the standard decoder: ``embed``, one RoPE table for every
+    layer, ``layer(x, cos, sin, attn_metadata, rank)`` in order, the final norm. A model built otherwise
+    overrides ``forward``, starting from ``embed`` (which indexes the vocab split by the TP coordinate of
+    the global rank, so EP ranks are right too). A subclass extends ``checkpoint_keys()`` for parameters
+    outside the standard layout, overrides ``ignored_checkpoint_keys()`` for keys it deliberately leaves
+    unread, and ``compute_logits`` if its logits need more than the head.
     """
 
-    config: Any
-    tp: ProcessGroupHandle
-    lm_head: nn.Module
+    def __init__(
+        self,
+        config: DecoderConfig,
+        layers: Iterable[nn.Module],
+        norm: nn.Module,
+        *,
+        rotary: RotaryEmbedding | None = None,
+        checkpoint_prefix: str = "model.",
+    ):
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.tp: ProcessGroupHandle = get_tp_group()
+        self.layout = get_parallel_layout()
+        self.checkpoint_prefix = checkpoint_prefix
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=config.dtype)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.rotary = rotary
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=config.dtype)
+        if config.tie_word_embeddings:
+            self.lm_head.tie(self.embed_tokens)
+
+    def tp_rank(self, rank: torch.Tensor) -> torch.Tensor:
+        """This rank's TP coordinate, the index into every TP-sharded table (the rank is global: TP x EP)."""
+        return self.layout.coord_tensor(rank, "tp")
+
+    def embed(self, input_ids: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """``[T]`` token ids → ``[T, hidden]``, the vocab split indexed by the TP coordinate of ``rank``."""
+        return self.embed_tokens(input_ids, self.tp_rank(rank))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        rank: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.rotary is None:
+            raise NotImplementedError(
+                f"{type(self).__name__}: the standard forward needs the rotary embedding shared by every "
+                "layer (pass rotary= to PagedCausalLM.__init__), or the model overrides forward"
+            )
+        x = self.embed(input_ids, rank)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn_metadata, rank)
+        return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -68,7 +141,15 @@ class PagedCausalLM(nn.Module):
         bind_kv_caches(self, caches)
 
     def checkpoint_keys(self) -> KeyMap:
-        raise NotImplementedError(f"{type(self).__name__} must map its parameters to checkpoint keys")
+        p = self.checkpoint_prefix
+        keys: KeyDict = {"embed_tokens.weight": f"{p}embed_tokens.weight", "norm.weight": f"{p}norm.weight"}
+        if not self.config.tie_word_embeddings:  # a tied head is the embedding's table (no key of its own)
+            keys["lm_head.weight"] = "lm_head.weight"
+        for i, layer in enumerate(self.layers):
+            # A layer whose parameter names are the checkpoint's needs no mapping of its own.
+            layer_keys = getattr(layer, "checkpoint_keys", partial(identity_keys, layer))
+            keys.update(prefixed(f"layers.{i}.", layer_keys(f"{p}layers.{i}.")))
+        return keys
 
     def ignored_checkpoint_keys(self) -> tuple[str, ...]:
         return ()
@@ -124,6 +205,7 @@ def build_model(
             f"tp_degree={neuron_config.tp_degree}, ep_degree={neuron_config.ep_degree} but the parallel "
             f"state is {layout.describe()}; call init_parallel_state (or use parallel.launch.run_on_ranks) first"
         )
+    register_configured_adapters()  # only the NKI adapters the runtime configuration names, never per model
     model = plugin.load_factory()(hf_config, neuron_config)
     if load:
         model.load_weights(checkpoint_dir, progress=progress)

@@ -22,6 +22,16 @@ from .errors import ConfigError
 
 ENTRY_POINT_GROUP = "trnmodels.models"
 
+# The fields every decoder's config.json states (transformers would default a missing one silently).
+DECODER_CONFIG_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "rms_norm_eps",
+)
+
 
 @dataclass(frozen=True)
 class ModelPlugin:

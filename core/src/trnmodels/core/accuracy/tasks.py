@@ -61,12 +61,12 @@ def task_accuracy(
 ) -> TaskReport:
     """Run the shipped L1 tasks on ours (and on HF FP32 unless ``reference=False``) and judge them.
 
-    ``model_args`` override the runner settings of ``trnmodels.core.eval.report.RUNNER_ARGS``
+    ``model_args`` override the runner settings of ``trnmodels.core.eval.run.RUNNER_ARGS``
     (``max_model_len`` is also given to HF, so both score the same windows).
     """
     import time
 
-    from ..eval.report import (
+    from ..eval.run import (
         ACC_TASKS,
         BF16_PPL_RTOL,
         FP32_PPL_RTOL,

@@ -1,4 +1,8 @@
-"""Ahead-of-time compilation of every bucket graph, with a persistent, shared artifact cache."""
+"""Ahead-of-time compilation of every bucket graph, with a persistent, shared artifact cache.
+
+``driver`` compiles an LLM's bucket graphs; ``diffusion`` compiles a diffusion pipeline's component
+graphs (text encoder, DiT experts, VAE) through the same driver and cache.
+"""
 
 from .cache import ArtifactCache, CorruptArtifactWarning
 from .driver import (

@@ -1,5 +1,6 @@
 """Diffusion building blocks shared by every diffusion plugin: CFG and context parallelism (and the
-VAE tiling / patch-parallel mixins and the per-component compile, in their own modules)."""
+VAE tiling / patch-parallel mixins, in their own modules). Their per-component compile is
+``trnmodels.core.compile.diffusion``; their vLLM-Omni serving is ``trnmodels.core.omni``."""
 
 from .cfg_parallel import CFGParallelMixin, SequentialCFG, combine_cfg
 from .context_parallel import (

@@ -3,7 +3,8 @@
 - :mod:`.lm_eval_model`: ``TrnModelsLM``, registered with lm_eval as ``trnmodels``;
 - :mod:`.ranks`: one model per rank for a whole run (scoring and generation service);
 - ``tasks/``: the offline tasks the project ships (``TASKS_DIR``, lm_eval's ``--include_path``);
-- :mod:`.report`: the ``eval-<model>`` comparison page (HF FP32 vs ours FP32, BF16, compiled, TP=2);
+- :mod:`.run`: one lm_eval run of a model configuration over the L1 tasks, and the pass rule's limits
+  (``trnmodels validate``'s L1 level; the ``eval-<model>`` page, ``benchmarks/eval``, runs it too);
 - ``python -m trnmodels.core.eval ARGS`` (or ``trnmodels-lm-eval ARGS``): lm_eval's own command line with
   the ``trnmodels`` model registered and ``TASKS_DIR`` included.
 

@@ -1,9 +1,10 @@
 """Reusable model modules built on the functional ops and the parallel layers."""
 
 from .mlp import GatedMLP
-from .moe import ExpertsCheckpointFormat, MoEExperts, experts_per_rank
+from .moe import ExpertsCheckpointFormat, MoEExperts, experts_per_rank, per_expert_keys
 from .norm import LayerNorm, RMSNorm
 from .rotary import RotaryEmbedding
+from .self_attention import SelfAttention
 
 __all__ = [
     "ExpertsCheckpointFormat",
@@ -12,5 +13,7 @@ __all__ = [
     "MoEExperts",
     "RMSNorm",
     "RotaryEmbedding",
+    "SelfAttention",
     "experts_per_rank",
+    "per_expert_keys",
 ]

@@ -8,9 +8,11 @@ on all of them with the routing weight of tokens that chose another rank's exper
 output then holds exactly the work of the experts it chose, wherever they live. Static shapes throughout,
 so the same graph serves every rank; the rank arrives as a tensor.
 
-Checkpoint layouts differ by model, so the loader is chosen by ``ExpertsCheckpointFormat``: plain tensors
-stored ``[E, in, out]`` (gpt-oss BF16) or ``[E, out, in]`` (transposed), or MXFP4 ``*_blocks``/``*_scales``
-pairs (gpt-oss's published form), dequantized at load.
+Checkpoint layouts differ by model, so the loader is chosen by ``ExpertsCheckpointFormat``: fused tensors
+stored ``[E, in, out]`` (gpt-oss BF16) or ``[E, out, in]`` (transposed: Gemma 4), MXFP4
+``*_blocks``/``*_scales`` pairs (gpt-oss's published form), dequantized at load, or one ``nn.Linear``
+weight per expert and projection (per_expert: Mixtral's ``experts.{j}.w1/w3/w2``, Qwen-MoE's
+``experts.{j}.gate_proj/up_proj/down_proj``; ``per_expert_keys`` names them).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import torch
 from torch import nn
 
 from .. import ops
-from ..errors import CheckpointError, ShardingError
+from ..errors import CheckpointError, ConfigError, ShardingError
 from ..ops.mlp import activation
 from ..parallel.layers import check_divisible
 from ..parallel.state import get_ep_group, get_parallel_layout, get_tp_group, get_world_group
 from ..quant.mxfp4 import mxfp4_loader
 from ..weights.checkpoint import CheckpointTensor
+from ..weights.load import KeyDict
 from ..weights.loaders import WeightLoader, set_weight_loader
 
 INTERLEAVED = "swiglu_clamped"
@@ -36,14 +39,30 @@ INTERLEAVED = "swiglu_clamped"
 
 @dataclass(frozen=True)
 class ExpertsCheckpointFormat:
-    """How the checkpoint stores the fused ``gate_up`` and ``down`` expert tensors.
+    """How the checkpoint stores the ``gate_up`` and ``down`` expert weights.
 
     ``transposed=False``: ``[E, in, out]`` (gpt-oss). ``transposed=True``: ``[E, out, in]`` (nn.Linear
     order). ``mxfp4=True``: each weight maps to ``[blocks_key, scales_key]`` and is dequantized.
+    ``per_expert=True``: one ``nn.Linear`` weight ``[out, in]`` per expert and projection; ``gate_up``
+    maps to the ``2E`` keys ``[gate_0, up_0, gate_1, up_1, ...]`` and ``down`` to the ``E`` keys
+    ``[down_0, ...]`` (``per_expert_keys`` builds both lists). Each rank reads only its experts' keys.
     """
 
     transposed: bool = False
     mxfp4: bool = False
+    per_expert: bool = False
+
+
+def per_expert_keys(
+    prefix: str, num_experts: int, gate: str = "w1", up: str = "w3", down: str = "w2"
+) -> KeyDict:
+    """``MoEExperts`` weights → per-expert checkpoint keys ``{prefix}{j}.{name}.weight``, for
+    ``ExpertsCheckpointFormat(per_expert=True)``. The defaults are Mixtral's names; Qwen-MoE passes
+    ``gate_proj``, ``up_proj``, ``down_proj``."""
+    return {
+        "gate_up": [f"{prefix}{j}.{name}.weight" for j in range(num_experts) for name in (gate, up)],
+        "down": [f"{prefix}{j}.{down}.weight" for j in range(num_experts)],
+    }
 
 
 def experts_per_rank(num_experts: int, ep_degree: int) -> int:
@@ -92,6 +111,11 @@ class MoEExperts(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        if checkpoint_format.per_expert and (bias or checkpoint_format.mxfp4 or checkpoint_format.transposed):
+            raise ConfigError(
+                "ExpertsCheckpointFormat(per_expert=True) takes unbiased nn.Linear weights only "
+                "(no bias, mxfp4 or transposed)"
+            )
         if act != INTERLEAVED:
             activation(act)  # fail at build, not at the first forward
         self.tp, self.ep, self.world = get_tp_group(), get_ep_group(), get_world_group()
@@ -134,8 +158,51 @@ class MoEExperts(nn.Module):
         value = t.read(self._experts())
         return value.transpose(1, 2) if is_weight and fmt.transposed else value
 
+    def _per_expert(
+        self, tensors: Sequence[CheckpointTensor], per_expert: int, shape: tuple[int, int]
+    ) -> list[list[CheckpointTensor]]:
+        """This EP rank's experts' keys, ``per_expert`` consecutive keys each, every one ``shape``."""
+        if len(tensors) != per_expert * self.num_experts:
+            raise CheckpointError(
+                f"expected {per_expert} x {self.num_experts} per-expert keys, got {len(tensors)} "
+                f"(first: {tensors[0].key if tensors else None})"
+            )
+        for t in tensors:
+            if tuple(t.shape) != shape:
+                raise CheckpointError(f"{t.describe()}: expected shape {list(shape)} (nn.Linear [out, in])")
+        mine = range(self.num_experts)[self._experts()]
+        return [list(tensors[per_expert * j : per_expert * (j + 1)]) for j in mine]
+
+    def _per_expert_gate_up(
+        self, tensors: Sequence[CheckpointTensor], rank: int, world_size: int
+    ) -> torch.Tensor:
+        """``[E_local, H, 2 I_local]`` from this rank's rows of each local expert's gate and up weights."""
+        hidden = self.gate_up.shape[1]
+        part = self.intermediate_size // world_size
+        rows = slice(rank * part, (rank + 1) * part)
+        experts = []
+        for gate, up in self._per_expert(tensors, 2, (self.intermediate_size, hidden)):
+            g, u = gate.read(rows).T, up.read(rows).T
+            if self.act == INTERLEAVED:  # unit i's gate and up sit side by side: columns 2i, 2i + 1
+                experts.append(torch.stack((g, u), dim=-1).reshape(hidden, 2 * part))
+            else:
+                experts.append(torch.cat((g, u), dim=-1))
+        return torch.stack(experts)
+
+    def _per_expert_down(
+        self, tensors: Sequence[CheckpointTensor], rank: int, world_size: int
+    ) -> torch.Tensor:
+        """``[E_local, I_local, H]`` from this rank's columns of each local expert's down weight."""
+        hidden = self.down.shape[2]
+        part = self.intermediate_size // world_size
+        cols = (slice(None), slice(rank * part, (rank + 1) * part))
+        pairs = self._per_expert(tensors, 1, (hidden, self.intermediate_size))
+        return torch.stack([down.read(cols).T for (down,) in pairs])
+
     def _gate_up_loader(self, is_weight: bool) -> WeightLoader:
         def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
+            if self.checkpoint_format.per_expert:
+                return self._per_expert_gate_up(tensors, rank, world_size).contiguous()
             value = self._read(tensors, is_weight)
             return _intermediate_columns(
                 value, self.intermediate_size, self.act == INTERLEAVED, rank, world_size
@@ -145,6 +212,8 @@ class MoEExperts(nn.Module):
 
     def _down_loader(self) -> WeightLoader:
         def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
+            if self.checkpoint_format.per_expert:
+                return self._per_expert_down(tensors, rank, world_size).contiguous()
             value = self._read(tensors, is_weight=True)
             part = value.shape[1] // world_size
             return value[:, rank * part : (rank + 1) * part].contiguous()

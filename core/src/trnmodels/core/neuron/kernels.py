@@ -3,9 +3,10 @@
 A kernel does not take our op's arguments as they are: it has its own layouts (for example
 ``[128, B×S, H/128]`` tiles) and writes into output tensors. So a kernel runs only once an adapter that
 converts our op's arguments to the kernel's and back is registered for the op with
-``trnmodels.core.ops.register_nki(op, adapter)``. No adapter ships in this release, because nothing on
-the machines this project is built on can run or check one; until one is registered, every op runs its
-PyTorch reference, on Neuron as elsewhere.
+``trnmodels.core.ops.register_nki(op, adapter)``. One adapter ships, unverified on hardware:
+``attention_cte`` for ``prefill_attention`` (``neuron.attention_cte``), bound only when the runtime
+configuration names it (``neuron.adapters``). Until an adapter is bound, every op runs its PyTorch
+reference, on Neuron as elsewhere.
 """
 
 from __future__ import annotations

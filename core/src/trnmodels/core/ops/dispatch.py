@@ -53,7 +53,9 @@ def use_backend(mode: str) -> Iterator[None]:
 
 
 def register_nki(op: str, impl: Callable[..., Any], supports: Callable[..., bool] | None = None) -> None:
-    """Bind an NKI implementation to an op (done by the Neuron layer, or a plugin for its own kernels).
+    """Bind an NKI implementation to an op, for the whole process: ``neuron.adapters`` calls it for the
+    adapters the runtime configuration names (a model build never does, so it cannot change the kernels
+    of the other models in the process).
 
     ``supports(*args, **kwargs)`` is the adapter's own shape predicate (e.g. a kernel's head-size limit):
     calls it rejects run the PyTorch reference under ``auto`` and are an error under forced ``nki``.

@@ -5,6 +5,7 @@
 - ``QKVParallelLinear``: fused q/k/v with query heads split and KV heads split or replicated.
 - ``MergedColumnParallelLinear``: several column-split outputs fused (gate and up).
 - ``VocabParallelEmbedding`` / ``ParallelLMHead``: vocab split, padded to a multiple of the TP degree.
+- ``ReplicatedLinear``: the whole weight on every rank (projections too small or too precision-bound to split).
 
 Layers read the TP group at construction, so a model builds the same code at any degree.
 """
@@ -151,6 +152,21 @@ class RowParallelLinear(nn.Module):
             return out
         out = self.tp.all_reduce(out)
         return out + self.bias if self.bias is not None else out
+
+
+class ReplicatedLinear(nn.Module):
+    """A linear layer every rank holds whole: the checkpoint tensor loads as it is, and nothing is
+    communicated."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, *, dtype: torch.dtype = torch.float32
+    ):
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.bias = _param(out_features, dtype=dtype) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 def padded_vocab(vocab_size: int, world_size: int) -> int:

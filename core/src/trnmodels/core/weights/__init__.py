@@ -1,7 +1,15 @@
 """Weight loading from safetensors: lazy per-rank slices through explicit key mappings."""
 
 from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, StateDictCheckpoint
-from .load import KeyMap, check_key_coverage, load_parameters, prefixed
+from .load import (
+    HF_FUSED_SOURCES,
+    KeyDict,
+    KeyMap,
+    check_key_coverage,
+    identity_keys,
+    load_parameters,
+    prefixed,
+)
 from .loaders import (
     WeightLoader,
     concat_sharded,
@@ -15,8 +23,10 @@ from .loaders import (
 )
 
 __all__ = [
+    "HF_FUSED_SOURCES",
     "Checkpoint",
     "CheckpointTensor",
+    "KeyDict",
     "KeyMap",
     "SafetensorsCheckpoint",
     "StateDictCheckpoint",
@@ -24,6 +34,7 @@ __all__ = [
     "check_key_coverage",
     "concat_sharded",
     "fused_qkv",
+    "identity_keys",
     "kv_head_for_rank",
     "load_parameters",
     "padded_rows",

@@ -7,7 +7,7 @@ used or explicitly ignored. All problems are collected and reported together, be
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -17,11 +17,42 @@ from .checkpoint import Checkpoint, CheckpointTensor, first_names
 from .loaders import get_weight_loader
 
 KeyMap = Mapping[str, str | list[str]]
+"""A read-only ``{parameter name: checkpoint key, or the keys a fused parameter concatenates}``."""
+KeyDict = dict[str, str | list[str]]
+"""The mutable mapping a module builds in its ``checkpoint_keys``."""
 
 
-def prefixed(prefix: str, keys: KeyMap) -> dict[str, str | list[str]]:
+def prefixed(prefix: str, keys: KeyMap) -> KeyDict:
     """A submodule's ``{parameter: checkpoint key(s)}`` mapping, its parameter names under ``prefix``."""
     return {f"{prefix}{name}": key for name, key in keys.items()}
+
+
+HF_FUSED_SOURCES: Mapping[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""Core's fused projections and the HF checkpoint projections each concatenates, in order."""
+
+
+def identity_keys(
+    module: torch.nn.Module, prefix: str = "", fused: Mapping[str, Sequence[str]] = HF_FUSED_SOURCES
+) -> KeyDict:
+    """Each parameter of ``module`` at its own name under ``prefix``, except fused ones: a path segment
+    named in ``fused`` (``qkv_proj``) maps to its sources' keys in order (``q_proj``, ``k_proj``,
+    ``v_proj``), as vLLM's ``stacked_params_mapping`` does. A module whose checkpoint names differ
+    otherwise writes its mapping itself."""
+    keys: KeyDict = {}
+    for name, _ in module.named_parameters():
+        parts = name.split(".")
+        stacked = next((i for i, part in enumerate(parts) if part in fused), None)
+        if stacked is None:
+            keys[name] = f"{prefix}{name}"
+        else:
+            keys[name] = [
+                prefix + ".".join([*parts[:stacked], source, *parts[stacked + 1 :]])
+                for source in fused[parts[stacked]]
+            ]
+    return keys
 
 
 def _as_list(keys: str | list[str]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from trnmodels.core.decoder_config import refuse_quantization
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.modules import experts_per_rank
 from trnmodels.core.parallel import check_divisible, kv_heads_per_rank
@@ -11,7 +12,6 @@ from trnmodels.core.runtime_config import NeuronConfig
 
 from .config import FULL, LAYER_TYPES, SLIDING, Gemma4Config
 from .model import Gemma4ForCausalLM
-from .nki import bind_attention_cte
 
 SUPPORTED_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 SUPPORTED_ROPE_TYPES = {SLIDING: ("default",), FULL: ("default", "proportional")}
@@ -63,15 +63,7 @@ def _check_text_config(text: PretrainedConfig, where: str) -> None:
 
 
 def validate(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> Gemma4Config:
-    quant = getattr(hf_config, "quantization_config", None)
-    if quant:
-        method = (
-            quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
-        )
-        raise ConfigError(
-            f"config.json: quantization_config with quant_method={method!r} is not supported by "
-            "trnmodels-gemma4 (it serves unquantized BF16/FP32 checkpoints only; there is no silent fallback)"
-        )
+    refuse_quantization(hf_config, "trnmodels-gemma4")
     multimodal = getattr(hf_config, "model_type", "") == "gemma4"
     where = "config.json: text_config." if multimodal else "config.json: "
     text = _text_config(hf_config)
@@ -107,6 +99,4 @@ def validate(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> Gemma4
 
 
 def build(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> Gemma4ForCausalLM:
-    model = Gemma4ForCausalLM(validate(hf_config, neuron_config))
-    bind_attention_cte()  # phase 2: only where the Neuron SDK imports (never here)
-    return model
+    return Gemma4ForCausalLM(validate(hf_config, neuron_config))

@@ -20,27 +20,22 @@ import torch
 from torch import nn
 
 from trnmodels.core import ops
-from trnmodels.core.attention import AttentionMetadata, PagedAttention
+from trnmodels.core.attention import AttentionMetadata
 from trnmodels.core.causal_lm import PagedCausalLM
-from trnmodels.core.modules import ExpertsCheckpointFormat, GatedMLP, MoEExperts, RMSNorm, RotaryEmbedding
-from trnmodels.core.ops import apply_rope
-from trnmodels.core.ops.mlp import activation
-from trnmodels.core.parallel import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    QKVParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    get_parallel_layout,
-    get_tp_group,
-    kv_heads_per_rank,
+from trnmodels.core.modules import (
+    ExpertsCheckpointFormat,
+    GatedMLP,
+    MoEExperts,
+    RMSNorm,
+    RotaryEmbedding,
+    SelfAttention,
 )
-from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.weights import KeyMap, prefixed
+from trnmodels.core.ops.mlp import activation
+from trnmodels.core.parallel import VocabParallelEmbedding
+from trnmodels.core.weights import KeyDict, KeyMap, prefixed
 
 from .config import Gemma4Config, MoEConfig
 
-KeyDict = dict[str, str | list[str]]
 CosSin = tuple[torch.Tensor, torch.Tensor]
 
 # Published multimodal checkpoints: the towers and their projections into text space. Serving text, they
@@ -62,63 +57,41 @@ def layer_name(i: int) -> str:
     return f"layers.{i}.self_attn"
 
 
-class Gemma4Attention(nn.Module):
+class Gemma4Attention(SelfAttention):
+    """Core attention with q/k norms (scaling) and a scale-free v_norm, and attention scale 1.0; with
+    ``attention_k_eq_v`` the checkpoint has no v_proj and V is the (un-normed) K projection."""
+
     def __init__(self, cfg: Gemma4Config, layer_idx: int):
-        super().__init__()
         layer = cfg.layers[layer_idx]
-        tp = get_tp_group()
-        self.head_dim = layer.head_dim
-        self.k_eq_v = layer.k_eq_v
-        self.shares_kv = layer.kv_source is not None
-        self.num_heads = cfg.num_heads // tp.world_size
-        if self.shares_kv:
-            # KV-shared layers have no K/V weights: only queries are projected here.
-            self.q_proj = ColumnParallelLinear(
-                cfg.hidden_size, cfg.num_heads * self.head_dim, dtype=cfg.dtype
-            )
-            num_kv_heads = kv_heads_per_rank(cfg.num_heads, layer.num_kv_heads, tp.world_size)
-        else:
-            self.qkv_proj = QKVParallelLinear(
-                cfg.hidden_size, self.head_dim, cfg.num_heads, layer.num_kv_heads, dtype=cfg.dtype
-            )
-            self.k_norm = norm(cfg, self.head_dim)
-            self.v_norm = norm(cfg, self.head_dim, with_scale=False)
-            num_kv_heads = self.qkv_proj.num_kv_heads
-        self.q_norm = norm(cfg, self.head_dim)
-        self.o_proj = RowParallelLinear(cfg.num_heads * self.head_dim, cfg.hidden_size, dtype=cfg.dtype)
-        self.attn = PagedAttention(
+        super().__init__(
             layer_name(layer_idx),
-            self.num_heads,
-            num_kv_heads,
-            self.head_dim,
+            cfg.hidden_size,
+            cfg.num_heads,
+            layer.num_kv_heads,
+            layer.head_dim,
+            qk_norm=lambda dim: norm(cfg, dim),
             scale=1.0,  # q_norm and k_norm already fix the logit scale
             sliding_window=layer.sliding_window,
+            kv_sharing_target_layer_name=None if layer.kv_source is None else layer_name(layer.kv_source),
             dtype=cfg.dtype,
-            kv_sharing_target_layer_name=layer_name(layer.kv_source) if self.shares_kv else None,
         )
+        self.k_eq_v = layer.k_eq_v
+        self.v_norm = None if self.shares_kv else norm(cfg, layer.head_dim, with_scale=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata):
-        if self.shares_kv:
-            q, k, v = self.q_proj(x).reshape(x.shape[0], self.num_heads, self.head_dim), None, None
-        else:
-            q, k, v = self.qkv_proj(x)
-            k = apply_rope(self.k_norm(k), cos, sin)
-            v = self.v_norm(v)
-        q = apply_rope(self.q_norm(q), cos, sin)
-        return self.o_proj(self.attn(q, k, v, meta))
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        q, k, v = super().project(x, cos, sin)
+        return q, k, (v if self.v_norm is None else self.v_norm(v))
 
     def checkpoint_keys(self, prefix: str) -> KeyDict:
-        keys: KeyDict = {
-            "q_norm.weight": f"{prefix}q_norm.weight",
-            "o_proj.weight": f"{prefix}o_proj.weight",
-        }
-        if self.shares_kv:
-            keys["q_proj.weight"] = f"{prefix}q_proj.weight"
-        else:
-            # attention_k_eq_v: the checkpoint has no v_proj; V is the (un-normed) K projection.
-            v_key = f"{prefix}k_proj.weight" if self.k_eq_v else f"{prefix}v_proj.weight"
-            keys["qkv_proj.weight"] = [f"{prefix}q_proj.weight", f"{prefix}k_proj.weight", v_key]
-            keys["k_norm.weight"] = f"{prefix}k_norm.weight"
+        keys = super().checkpoint_keys(prefix)
+        if self.k_eq_v and not self.shares_kv:
+            keys["qkv_proj.weight"] = [
+                f"{prefix}q_proj.weight",
+                f"{prefix}k_proj.weight",
+                f"{prefix}k_proj.weight",
+            ]
         return keys
 
 
@@ -258,27 +231,18 @@ class PerLayerEmbeddings(nn.Module):
 
 class Gemma4ForCausalLM(PagedCausalLM):
     def __init__(self, cfg: Gemma4Config):
-        super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.tp = get_tp_group()
-        self.layout = get_parallel_layout()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        super().__init__(
+            cfg,
+            (Gemma4DecoderLayer(cfg, i) for i in range(cfg.num_layers)),
+            norm(cfg, cfg.hidden_size),
+            checkpoint_prefix=cfg.checkpoint_prefix,
+        )
         # The scale is rounded to the model dtype first, as the reference does (sqrt(3072) → 55.5 in BF16).
         self.register_buffer(
             "embed_scale", torch.tensor(cfg.hidden_size**0.5, dtype=cfg.dtype), persistent=False
         )
         self.per_layer = PerLayerEmbeddings(cfg) if cfg.hidden_size_per_layer_input else None
         self.rotary = nn.ModuleDict({t: RotaryEmbedding(rope) for t, rope in cfg.rope.items()})
-        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = norm(cfg, cfg.hidden_size)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        if cfg.tie_word_embeddings:
-            self.lm_head.tie(self.embed_tokens)
-
-    @classmethod
-    def from_configs(cls, hf_config, neuron_config: NeuronConfig) -> Gemma4ForCausalLM:
-        return cls(Gemma4Config.from_configs(hf_config, neuron_config))
 
     def forward(
         self,
@@ -287,10 +251,8 @@ class Gemma4ForCausalLM(PagedCausalLM):
         attn_metadata: AttentionMetadata,
         rank: torch.Tensor,
     ) -> torch.Tensor:
-        # The rank is global (TP x EP); the vocab-split tables are split over TP only.
-        tp_rank = self.layout.coord_tensor(rank, "tp")
-        x = self.embed_tokens(input_ids, tp_rank) * self.embed_scale
-        per_layer = self.per_layer(input_ids, x, tp_rank) if self.per_layer is not None else None
+        x = self.embed(input_ids, rank) * self.embed_scale
+        per_layer = self.per_layer(input_ids, x, self.tp_rank(rank)) if self.per_layer is not None else None
         rope = {t: rotary(positions, x.dtype) for t, rotary in self.rotary.items()}
         for i, layer in enumerate(self.layers):
             ple = per_layer[:, i] if per_layer is not None else None
@@ -305,17 +267,9 @@ class Gemma4ForCausalLM(PagedCausalLM):
         return logits.float()
 
     def checkpoint_keys(self) -> KeyMap:
-        p = self.config.checkpoint_prefix
-        keys: KeyDict = {
-            "embed_tokens.weight": f"{p}embed_tokens.weight",
-            "norm.weight": f"{p}norm.weight",
-        }
-        if not self.config.tie_word_embeddings:  # a tied head is the embedding's table (no key of its own)
-            keys["lm_head.weight"] = "lm_head.weight"
+        keys = dict(super().checkpoint_keys())
         if self.per_layer is not None:
-            keys.update(prefixed("per_layer.", PerLayerEmbeddings.checkpoint_keys(p)))
-        for i, layer in enumerate(self.layers):
-            keys.update(prefixed(f"layers.{i}.", layer.checkpoint_keys(f"{p}layers.{i}.")))
+            keys.update(prefixed("per_layer.", PerLayerEmbeddings.checkpoint_keys(self.checkpoint_prefix)))
         return keys
 
     def ignored_checkpoint_keys(self) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ Importing this package is cheap (no torch): it only describes the plugin. The mo
 core builds it through ``factory:build``.
 """
 
-from trnmodels.core.plugins import ModelPlugin
+from trnmodels.core.plugins import DECODER_CONFIG_FIELDS, ModelPlugin
 
 __version__ = "0.1.0"
 
@@ -15,15 +15,10 @@ PLUGIN = ModelPlugin(
     distribution="trnmodels-gpt-oss",
     model_types={"GptOssForCausalLM": "gpt_oss"},
     required_config_fields=(
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
+        *DECODER_CONFIG_FIELDS,
         "num_key_value_heads",
         "head_dim",
         "num_local_experts",
         "num_experts_per_tok",
-        "rms_norm_eps",
     ),
 )

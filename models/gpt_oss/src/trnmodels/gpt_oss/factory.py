@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from transformers import PretrainedConfig
 
+from trnmodels.core.decoder_config import refuse_quantization
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.modules import experts_per_rank
 from trnmodels.core.parallel import check_divisible, kv_heads_per_rank
@@ -17,22 +16,14 @@ from .model import GptOssForCausalLM
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 
 
-def _quant_method(hf_config: PretrainedConfig) -> str | None:
-    quant: Any = getattr(hf_config, "quantization_config", None)
-    if not quant:
-        return None
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    return str(method) if method is not None else "?"
-
-
 def validate(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> GptOssConfig:
     """``quantization_config`` picks the variant: none is BF16; ``mxfp4`` dequantizes the experts at load."""
-    method = _quant_method(hf_config)
-    if method not in (None, "mxfp4"):
-        raise ConfigError(
-            f"config.json: quantization_config with quant_method={method!r} is not supported by "
-            "trnmodels-gpt-oss (it serves BF16 checkpoints and the published MXFP4 form)"
-        )
+    method = refuse_quantization(
+        hf_config,
+        "trnmodels-gpt-oss",
+        served=("mxfp4",),
+        what="it serves BF16 checkpoints and the published MXFP4 form",
+    )
     cfg = GptOssConfig.from_configs(hf_config, neuron_config, mxfp4=method == "mxfp4")
     if cfg.rope.rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(

@@ -5,8 +5,8 @@ sliding-window and full layers (``layer_types``; the KV spec carries each layer'
 top-k routed MoE whose experts are split over EP ranks and TP-split inside (core ``MoEExperts``); expert
 weights come as BF16 tensors or MXFP4 blocks/scales, dequantized at load.
 
-The rank arrives as one global tensor; ``ParallelLayout.coord_tensor`` turns it into the TP or EP index,
-so one compiled graph serves every rank.
+The rank arrives as one global tensor; ``PagedCausalLM.embed`` and ``MoEExperts`` turn it into the TP or
+EP index, so one compiled graph serves every rank.
 """
 
 from __future__ import annotations
@@ -16,69 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from trnmodels.core import ops
-from trnmodels.core.attention import AttentionMetadata, PagedAttention
+from trnmodels.core.attention import AttentionMetadata
 from trnmodels.core.causal_lm import PagedCausalLM
-from trnmodels.core.modules import ExpertsCheckpointFormat, MoEExperts, RMSNorm, RotaryEmbedding
-from trnmodels.core.parallel import (
-    ParallelLMHead,
-    QKVParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    get_parallel_layout,
-    get_tp_group,
+from trnmodels.core.modules import (
+    ExpertsCheckpointFormat,
+    MoEExperts,
+    RMSNorm,
+    RotaryEmbedding,
+    SelfAttention,
 )
-from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.weights import KeyMap, prefixed, set_weight_loader, sharded
+from trnmodels.core.weights import KeyDict, prefixed
 
 from .config import GptOssConfig
-
-KeyDict = dict[str, str | list[str]]
-
-
-class GptOssAttention(nn.Module):
-    def __init__(self, cfg: GptOssConfig, layer_idx: int):
-        super().__init__()
-        self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.attention_bias,
-            dtype=cfg.dtype,
-        )
-        self.o_proj = RowParallelLinear(
-            cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias, dtype=cfg.dtype
-        )
-        self.attn = PagedAttention(
-            f"layers.{layer_idx}.self_attn",
-            self.qkv_proj.num_heads,
-            self.qkv_proj.num_kv_heads,
-            cfg.head_dim,
-            sliding_window=cfg.window(layer_idx),
-            sinks=True,
-            dtype=cfg.dtype,
-        )
-        # One learned sink logit per query head: a rank holds its heads' sinks.
-        set_weight_loader(self.attn.sinks, sharded(0))
-        self.bias = cfg.attention_bias
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x)
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        return self.o_proj(self.attn(q, k, v, meta))
-
-    def checkpoint_keys(self, prefix: str) -> KeyDict:
-        keys: KeyDict = {
-            "qkv_proj.weight": [f"{prefix}{p}_proj.weight" for p in "qkv"],
-            "o_proj.weight": f"{prefix}o_proj.weight",
-            "attn.sinks": f"{prefix}sinks",
-        }
-        if self.bias:
-            keys["qkv_proj.bias"] = [f"{prefix}{p}_proj.bias" for p in "qkv"]
-            keys["o_proj.bias"] = f"{prefix}o_proj.bias"
-        return keys
 
 
 class GptOssMoE(nn.Module):
@@ -129,7 +78,9 @@ class GptOssDecoderLayer(nn.Module):
     def __init__(self, cfg: GptOssConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.self_attn = GptOssAttention(cfg, layer_idx)
+        self.self_attn = SelfAttention.for_layer(
+            cfg, layer_idx, sliding_window=cfg.window(layer_idx), sinks=True
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.mlp = GptOssMoE(cfg)
 
@@ -155,45 +106,9 @@ class GptOssDecoderLayer(nn.Module):
 
 class GptOssForCausalLM(PagedCausalLM):
     def __init__(self, cfg: GptOssConfig):
-        super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.tp = get_tp_group()
-        self.layout = get_parallel_layout()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        self.rotary = RotaryEmbedding(cfg.rope)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        if cfg.tie_word_embeddings:
-            self.lm_head.tie(self.embed_tokens)
-
-    @classmethod
-    def from_configs(cls, hf_config, neuron_config: NeuronConfig) -> GptOssForCausalLM:
-        from .factory import validate
-
-        return cls(validate(hf_config, neuron_config))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
-        rank: torch.Tensor,
-    ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids, self.layout.coord_tensor(rank, "tp"))
-        cos, sin = self.rotary(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn_metadata, rank)
-        return self.norm(x)
-
-    def checkpoint_keys(self) -> KeyMap:
-        keys: KeyDict = {
-            "embed_tokens.weight": "model.embed_tokens.weight",
-            "norm.weight": "model.norm.weight",
-        }
-        if not self.config.tie_word_embeddings:  # a tied head is the embedding's table (no key of its own)
-            keys["lm_head.weight"] = "lm_head.weight"
-        for i, layer in enumerate(self.layers):
-            keys.update(prefixed(f"layers.{i}.", layer.checkpoint_keys(f"model.layers.{i}.")))
-        return keys
+        super().__init__(
+            cfg,
+            (GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers)),
+            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype),
+            rotary=RotaryEmbedding(cfg.rope),
+        )

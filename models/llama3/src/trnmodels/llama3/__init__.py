@@ -4,7 +4,7 @@ Importing this package is cheap (no torch): it only describes the plugin. The mo
 core builds it through ``factory:build``.
 """
 
-from trnmodels.core.plugins import ModelPlugin
+from trnmodels.core.plugins import DECODER_CONFIG_FIELDS, ModelPlugin
 
 __version__ = "0.1.0"
 
@@ -14,12 +14,5 @@ PLUGIN = ModelPlugin(
     factory="trnmodels.llama3.factory:build",
     distribution="trnmodels-llama3",
     model_types={"LlamaForCausalLM": "llama"},
-    required_config_fields=(
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "rms_norm_eps",
-    ),
+    required_config_fields=DECODER_CONFIG_FIELDS,
 )

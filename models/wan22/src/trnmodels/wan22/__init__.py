@@ -7,7 +7,7 @@ module is imported when something resolves its ``"module:Class"`` string.
 __version__ = "0.1.0"
 
 # Architecture key -> "module:Class" of the class vLLM-Omni's diffusion engine instantiates for it (the
-# engine contract, ``trnmodels.core.diffusion.omni_engine``); its ``pipeline_class`` is the diffusers-style
+# engine contract, ``trnmodels.core.omni.engine``); its ``pipeline_class`` is the diffusers-style
 # pipeline that local runners (``trnmodels video``, the examples) build with ``from_pretrained``. The keys
 # are what a stage YAML's ``model_class_name`` or a checkpoint's ``model_index.json`` ``_class_name``
 # resolves to: diffusers' names (``WanPipeline``, ``WanImageToVideoPipeline``) and vLLM-Omni's

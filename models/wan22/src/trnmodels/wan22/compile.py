@@ -18,15 +18,14 @@ from pathlib import Path
 
 import torch
 
-from trnmodels.core.diffusion.compile import ComponentGraph, compile_components, format_table
-from trnmodels.core.diffusion.stage_config import DiffusionStageConfig
+from trnmodels.core.compile.diffusion import ComponentGraph, compile_components, format_table
 from trnmodels.core.errors import ConfigError, TrnModelsError
+from trnmodels.core.omni.registry import checkpoint_architecture, conditions_on_image
+from trnmodels.core.omni.stage_config import DiffusionStageConfig
 from trnmodels.core.parallel.state import ParallelLayout
 
 TINY = Path(__file__).parent / "tiny"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The pipeline classes that condition on an image (their VAE encoder is compiled too).
-IMAGE_TO_VIDEO = ("WanImageToVideoPipeline", "Wan22ImageToVideoPipeline")
 
 
 def read_index(checkpoint_dir: Path) -> dict:
@@ -81,7 +80,8 @@ def component_graphs(checkpoint_dir: str | Path, stage: DiffusionStageConfig) ->
         num_frames=video["num_frames"],
         height=video["height"],
         width=video["width"],
-        compile_encoder=index.get("_class_name") in IMAGE_TO_VIDEO,
+        # An image-to-video pipeline (as its class declares) runs the VAE encoder too.
+        compile_encoder=conditions_on_image(checkpoint_architecture(checkpoint_dir)),
     )
     return graphs
 

@@ -6,7 +6,7 @@ the pre/post-process functions by name in this module, so core's are re-exported
 
 from __future__ import annotations
 
-from trnmodels.core.diffusion.omni_engine import (
+from trnmodels.core.omni.engine import (
     OmniDiffusionPipeline,
     get_post_process_func,
     get_pre_process_func,

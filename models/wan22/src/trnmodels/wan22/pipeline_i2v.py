@@ -4,7 +4,8 @@ The image conditions the video through the VAE encoder: diffusers' ``prepare_lat
 (followed by zero frames), normalises the latents and prepends the frame mask, giving the ``condition``
 (4 mask + ``z_dim`` image channels) that is concatenated to the noisy latents before every DiT call. The
 DiT, text encoder and VAE are the T2V pipeline's, and so is every piece of our work (construction,
-input checks, the CFG-parallel denoising loop, decoding): reused by assignment, not copied.
+input checks, the CFG-parallel denoising loop, decoding): both pipelines inherit it from
+``Wan22PipelineBase``.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import torch
 from diffusers import WanImageToVideoPipeline
 from diffusers.utils.torch_utils import randn_tensor
 
-from trnmodels.core.diffusion import CFGParallelMixin
 from trnmodels.core.errors import ConfigError, InputError
 from trnmodels.core.parallel import get_world_group
 
-from .pipeline_t2v import Wan22Pipeline
+from .pipeline import Wan22PipelineBase
 
 
-class Wan22ImageToVideoPipeline(CFGParallelMixin, WanImageToVideoPipeline):
+class Wan22ImageToVideoPipeline(Wan22PipelineBase, WanImageToVideoPipeline):
     """``Wan22ImageToVideoPipeline.from_pretrained(dir, tp=, cfg_parallel=, cp=)(image=..., prompt=...)``."""
+
+    conditions_on_image = True
 
     def __init__(
         self,
@@ -38,7 +40,7 @@ class Wan22ImageToVideoPipeline(CFGParallelMixin, WanImageToVideoPipeline):
         boundary_ratio: float | None = None,
         expand_timesteps: bool = False,
     ):
-        Wan22Pipeline.check_experts(transformer_2, boundary_ratio, expand_timesteps)
+        self.check_experts(transformer_2, boundary_ratio, expand_timesteps)
         if image_encoder is not None or image_processor is not None:
             raise ConfigError(
                 "image_encoder/image_processor are set (Wan2.1-style CLIP image conditioning); Wan2.2 A14B "
@@ -56,26 +58,7 @@ class Wan22ImageToVideoPipeline(CFGParallelMixin, WanImageToVideoPipeline):
             transformer_2=transformer_2,
             boundary_ratio=boundary_ratio,
         )
-        self.set_progress_bar_config(disable=True)
-        if vae is not None:
-            self.use_vae_config(dict(vae.config))
-
-    conditions_on_image = True
-
-    from_pretrained = Wan22Pipeline.__dict__["from_pretrained"]
-    check_request = Wan22Pipeline.__dict__["check_request"]
-    component_graphs = Wan22Pipeline.component_graphs
-    compile = Wan22Pipeline.compile
-    use_vae_config = Wan22Pipeline.use_vae_config
-    load_weights = Wan22Pipeline.load_weights
-    check_video_shape = Wan22Pipeline.check_video_shape
-    check_sequence = Wan22Pipeline.check_sequence
-    setup_guidance = Wan22Pipeline.setup_guidance
-    denoise = Wan22Pipeline.denoise
-    decode_latents = Wan22Pipeline.decode_latents
-    encode_prompts = Wan22Pipeline.encode_prompts
-    batch_size_of = Wan22Pipeline.__dict__["batch_size_of"]
-    output = Wan22Pipeline.__dict__["output"]
+        self.finish_init(vae)
 
     def prepare_latents(  # type: ignore[override]
         self,

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trnmodels.core.diffusion.compile import (
+from trnmodels.core.compile.diffusion import (
     ComponentGraph,
     ComponentResult,
     compile_components,

@@ -1,8 +1,7 @@
-"""The Wan2.2 DiT (diffusers' ``WanTransformer3DModel``, A14B configs): raw parameters, TP and CP.
+"""The Wan2.2 DiT (diffusers' ``WanTransformer3DModel``, A14B configs) on core's parallel layers, TP and CP.
 
-Every matmul weight is a raw parameter carrying its TP weight loader (declared beside the layer that
-splits it); ``checkpoint_keys`` names the diffusers key(s) of every parameter, a fused QKV mapping to a
-list. Attention heads, the FFN width and the text/time projections are split over TP; the patch
+Every matmul is one of core's parallel layers, which carry their TP weight loaders; ``checkpoint_keys``
+names the diffusers key(s) of every parameter, a fused QKV (or cross-attention KV) mapping to a list. Attention heads, the FFN width and the text/time projections are split over TP; the patch
 embedding, the output head and the modulation tables are replicated. With context parallelism the token
 sequence is split over the CP group after the patch embedding and gathered before the output head.
 
@@ -27,34 +26,37 @@ from diffusers.models.embeddings import get_timestep_embedding
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 from torch import nn
 
-from trnmodels.core.diffusion import cp_self_attention, gather_sequence, split_sequence
-from trnmodels.core.diffusion.compile import (
+from trnmodels.core.compile.diffusion import (
     ComponentGraph,
     ComponentResult,
     compile_components,
     load_component_graph,
     signature,
 )
+from trnmodels.core.diffusion import cp_self_attention, gather_sequence, split_sequence
 from trnmodels.core.errors import ConfigError, InputError
-from trnmodels.core.ops import attention, layer_norm
+from trnmodels.core.modules import LayerNorm
+from trnmodels.core.ops import attention
 from trnmodels.core.parallel import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
     ParallelLayout,
     ProcessGroupHandle,
+    ReplicatedLinear,
+    RowParallelLinear,
     check_divisible,
     get_cp_group,
     get_parallel_layout,
     get_tp_group,
 )
 from trnmodels.core.weights import (
+    KeyDict,
     SafetensorsCheckpoint,
-    concat_sharded,
     load_parameters,
     prefixed,
     set_weight_loader,
     sharded,
 )
-
-KeyDict = dict[str, str | list[str]]
 
 
 @dataclass(frozen=True)
@@ -115,34 +117,21 @@ class WanDiTConfig:
         return cls.from_dict({**json.loads(file.read_text()), **overrides}, str(file))
 
 
-def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+class RMSNormAcrossHeads(nn.Module):
+    """RMSNorm over all heads' features (``qk_norm="rms_norm_across_heads"``) when TP holds only some
+    heads: the sum of squares is all-reduced, so each rank normalises by the statistic of the whole
+    vector. The weight is split over TP like the heads it scales."""
 
+    def __init__(self, cfg: WanDiTConfig, local_dim: int, dtype: torch.dtype, tp: ProcessGroupHandle):
+        super().__init__()
+        self.tp, self.eps, self.full_dim = tp, cfg.eps, cfg.inner_dim
+        self.weight = nn.Parameter(torch.empty(local_dim, dtype=dtype), requires_grad=False)
+        set_weight_loader(self.weight, sharded(0))
 
-def _column(out_features: int, in_features: int, tp: ProcessGroupHandle, dtype: torch.dtype, what: str):
-    """A column-split weight and bias (output features split over TP)."""
-    rows = check_divisible(what, out_features, tp.world_size)
-    w, b = _param(rows, in_features, dtype=dtype), _param(rows, dtype=dtype)
-    set_weight_loader(w, sharded(0))
-    set_weight_loader(b, sharded(0))
-    return w, b
-
-
-def _row(out_features: int, in_features: int, tp: ProcessGroupHandle, dtype: torch.dtype, what: str):
-    """A row-split weight (input features split) and its replicated bias, added once after the reduce."""
-    w = _param(out_features, check_divisible(what, in_features, tp.world_size), dtype=dtype)
-    set_weight_loader(w, sharded(1))
-    return w, _param(out_features, dtype=dtype)
-
-
-def rms_norm_across_heads(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, tp: ProcessGroupHandle, full_dim: int
-) -> torch.Tensor:
-    """RMSNorm over all heads' features (``rms_norm_across_heads``) when TP holds only some heads:
-    the sum of squares is all-reduced, so each rank normalises by the statistic of the whole vector."""
-    xf = x.float()
-    sumsq = tp.all_reduce(xf.pow(2).sum(-1, keepdim=True))
-    return (xf * torch.rsqrt(sumsq / full_dim + eps) * weight.float()).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        sumsq = self.tp.all_reduce(xf.pow(2).sum(-1, keepdim=True))
+        return (xf * torch.rsqrt(sumsq / self.full_dim + self.eps) * self.weight.float()).to(x.dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -152,98 +141,92 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
 
 
-class WanSelfAttention(nn.Module):
-    """Fused QKV (heads split over TP), QK RMSNorm across heads, 3D RoPE, CP-aware attention."""
+class WanAttention(nn.Module):
+    """What self- and cross-attention share (diffusers' ``WanAttention``): heads split over TP, QK RMSNorm
+    across heads, and the row-parallel output projection. Subclasses add their Q/K/V projections and
+    what they attend over."""
 
-    def __init__(self, cfg: WanDiTConfig, dtype: torch.dtype, tp: ProcessGroupHandle, cp: ProcessGroupHandle):
+    def __init__(self, cfg: WanDiTConfig, dtype: torch.dtype, tp: ProcessGroupHandle):
         super().__init__()
-        self.tp, self.cp, self.cfg = tp, cp, cfg
-        dim = cfg.inner_dim
+        self.cfg = cfg
         self.heads = check_divisible("num_attention_heads", cfg.num_attention_heads, tp.world_size)
         local = self.heads * cfg.attention_head_dim
-        self.qkv_weight = _param(3 * local, dim, dtype=dtype)
-        self.qkv_bias = _param(3 * local, dtype=dtype)
-        set_weight_loader(self.qkv_weight, concat_sharded(0))
-        set_weight_loader(self.qkv_bias, concat_sharded(0))
-        self.norm_q_weight = _param(local, dtype=dtype)
-        self.norm_k_weight = _param(local, dtype=dtype)
-        set_weight_loader(self.norm_q_weight, sharded(0))
-        set_weight_loader(self.norm_k_weight, sharded(0))
-        self.out_weight, self.out_bias = _row(dim, dim, tp, dtype, "inner_dim")
+        self.norm_q = RMSNormAcrossHeads(cfg, local, dtype, tp)
+        self.norm_k = RMSNormAcrossHeads(cfg, local, dtype, tp)
+        self.to_out = RowParallelLinear(cfg.inner_dim, cfg.inner_dim, bias=True, dtype=dtype, tp=tp)
 
     @staticmethod
     def checkpoint_keys(prefix: str) -> KeyDict:
         return {
-            "qkv_weight": [f"{prefix}to_{p}.weight" for p in "qkv"],
-            "qkv_bias": [f"{prefix}to_{p}.bias" for p in "qkv"],
-            "norm_q_weight": f"{prefix}norm_q.weight",
-            "norm_k_weight": f"{prefix}norm_k.weight",
-            "out_weight": f"{prefix}to_out.0.weight",
-            "out_bias": f"{prefix}to_out.0.bias",
+            "norm_q.weight": f"{prefix}norm_q.weight",
+            "norm_k.weight": f"{prefix}norm_k.weight",
+            "to_out.weight": f"{prefix}to_out.0.weight",
+            "to_out.bias": f"{prefix}to_out.0.bias",
+        }
+
+    def split_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normalise the projected ``q`` and ``k`` across heads, then view all three as ``[B, T, H, D]``."""
+        q, k = self.norm_q(q), self.norm_k(k)
+        shape = (self.heads, self.cfg.attention_head_dim)
+        return q.unflatten(-1, shape), k.unflatten(-1, shape), v.unflatten(-1, shape)
+
+
+class WanSelfAttention(WanAttention):
+    """Fused QKV, 3D RoPE on Q and K, and attention over the whole video (CP-aware: ring or gathered K/V)."""
+
+    def __init__(self, cfg: WanDiTConfig, dtype: torch.dtype, tp: ProcessGroupHandle, cp: ProcessGroupHandle):
+        super().__init__(cfg, dtype, tp)
+        self.cp = cp
+        dim = cfg.inner_dim
+        self.to_qkv = MergedColumnParallelLinear(dim, [dim, dim, dim], bias=True, dtype=dtype, tp=tp)
+
+    @staticmethod
+    def checkpoint_keys(prefix: str) -> KeyDict:
+        return {
+            "to_qkv.weight": [f"{prefix}to_{p}.weight" for p in "qkv"],
+            "to_qkv.bias": [f"{prefix}to_{p}.bias" for p in "qkv"],
+            **WanAttention.checkpoint_keys(prefix),
         }
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        cfg = self.cfg
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1)
-        q = rms_norm_across_heads(q, self.norm_q_weight, cfg.eps, self.tp, cfg.inner_dim)
-        k = rms_norm_across_heads(k, self.norm_k_weight, cfg.eps, self.tp, cfg.inner_dim)
-        q, k, v = (t.unflatten(-1, (self.heads, cfg.attention_head_dim)) for t in (q, k, v))
+        q, k, v = self.split_heads(*self.to_qkv(x).chunk(3, dim=-1))
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = cp_self_attention(
             q,
             k,
             v,
             self.cp,
-            scale=cfg.attention_head_dim**-0.5,
-            enable_ring_attention=cfg.enable_ring_attention,
+            scale=self.cfg.attention_head_dim**-0.5,
+            enable_ring_attention=self.cfg.enable_ring_attention,
         )
-        out = self.tp.all_reduce(F.linear(out.flatten(2), self.out_weight))
-        return out + self.out_bias
+        return self.to_out(out.flatten(2))
 
 
-class WanCrossAttention(nn.Module):
+class WanCrossAttention(WanAttention):
     """Queries from the video tokens, fused K/V from the text; the text is never CP-split."""
 
     def __init__(self, cfg: WanDiTConfig, dtype: torch.dtype, tp: ProcessGroupHandle):
-        super().__init__()
-        self.tp, self.cfg = tp, cfg
+        super().__init__(cfg, dtype, tp)
         dim = cfg.inner_dim
-        self.heads = check_divisible("num_attention_heads", cfg.num_attention_heads, tp.world_size)
-        local = self.heads * cfg.attention_head_dim
-        self.q_weight, self.q_bias = _column(dim, dim, tp, dtype, "inner_dim")
-        self.kv_weight = _param(2 * local, dim, dtype=dtype)
-        self.kv_bias = _param(2 * local, dtype=dtype)
-        set_weight_loader(self.kv_weight, concat_sharded(0))
-        set_weight_loader(self.kv_bias, concat_sharded(0))
-        self.norm_q_weight = _param(local, dtype=dtype)
-        self.norm_k_weight = _param(local, dtype=dtype)
-        set_weight_loader(self.norm_q_weight, sharded(0))
-        set_weight_loader(self.norm_k_weight, sharded(0))
-        self.out_weight, self.out_bias = _row(dim, dim, tp, dtype, "inner_dim")
+        self.to_q = ColumnParallelLinear(dim, dim, bias=True, dtype=dtype, tp=tp)
+        self.to_kv = MergedColumnParallelLinear(dim, [dim, dim], bias=True, dtype=dtype, tp=tp)
 
     @staticmethod
     def checkpoint_keys(prefix: str) -> KeyDict:
         return {
-            "q_weight": f"{prefix}to_q.weight",
-            "q_bias": f"{prefix}to_q.bias",
-            "kv_weight": [f"{prefix}to_{p}.weight" for p in "kv"],
-            "kv_bias": [f"{prefix}to_{p}.bias" for p in "kv"],
-            "norm_q_weight": f"{prefix}norm_q.weight",
-            "norm_k_weight": f"{prefix}norm_k.weight",
-            "out_weight": f"{prefix}to_out.0.weight",
-            "out_bias": f"{prefix}to_out.0.bias",
+            "to_q.weight": f"{prefix}to_q.weight",
+            "to_q.bias": f"{prefix}to_q.bias",
+            "to_kv.weight": [f"{prefix}to_{p}.weight" for p in "kv"],
+            "to_kv.bias": [f"{prefix}to_{p}.bias" for p in "kv"],
+            **WanAttention.checkpoint_keys(prefix),
         }
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        q = F.linear(x, self.q_weight, self.q_bias)
-        k, v = F.linear(context, self.kv_weight, self.kv_bias).chunk(2, dim=-1)
-        q = rms_norm_across_heads(q, self.norm_q_weight, cfg.eps, self.tp, cfg.inner_dim)
-        k = rms_norm_across_heads(k, self.norm_k_weight, cfg.eps, self.tp, cfg.inner_dim)
-        q, k, v = (t.unflatten(-1, (self.heads, cfg.attention_head_dim)) for t in (q, k, v))
-        out = attention(q, k, v, scale=cfg.attention_head_dim**-0.5)
-        out = self.tp.all_reduce(F.linear(out.flatten(2), self.out_weight))
-        return out + self.out_bias
+        q, k, v = self.split_heads(self.to_q(x), *self.to_kv(context).chunk(2, dim=-1))
+        out = attention(q, k, v, scale=self.cfg.attention_head_dim**-0.5)
+        return self.to_out(out.flatten(2))
 
 
 class WanBlock(nn.Module):
@@ -251,36 +234,38 @@ class WanBlock(nn.Module):
 
     def __init__(self, cfg: WanDiTConfig, dtype: torch.dtype, tp: ProcessGroupHandle, cp: ProcessGroupHandle):
         super().__init__()
-        self.tp, self.cfg = tp, cfg
+        self.cfg = cfg
         dim = cfg.inner_dim
+        # diffusers keeps norm1..3 in float32 whatever the model dtype; norm1 and norm3 have no weights.
+        self.norm1 = LayerNorm(dim, cfg.eps, affine=False)
         self.attn1 = WanSelfAttention(cfg, dtype, tp, cp)
+        self.norm2 = LayerNorm(dim, cfg.eps) if cfg.cross_attn_norm else None
         self.attn2 = WanCrossAttention(cfg, dtype, tp)
-        if cfg.cross_attn_norm:
-            # diffusers keeps norm1..3 in float32 whatever the model dtype.
-            self.norm2_weight = _param(dim, dtype=torch.float32)
-            self.norm2_bias = _param(dim, dtype=torch.float32)
-        self.ffn_up_weight, self.ffn_up_bias = _column(cfg.ffn_dim, dim, tp, dtype, "ffn_dim")
-        self.ffn_down_weight, self.ffn_down_bias = _row(dim, cfg.ffn_dim, tp, dtype, "ffn_dim")
-        self.scale_shift_table = _param(1, 6, dim, dtype=torch.float32)
+        self.norm3 = LayerNorm(dim, cfg.eps, affine=False)
+        check_divisible("ffn_dim", cfg.ffn_dim, tp.world_size)  # names the config field in the error
+        self.ffn_up = ColumnParallelLinear(dim, cfg.ffn_dim, bias=True, dtype=dtype, tp=tp)
+        self.ffn_down = RowParallelLinear(cfg.ffn_dim, dim, bias=True, dtype=dtype, tp=tp)
+        self.scale_shift_table = nn.Parameter(
+            torch.empty(1, 6, dim, dtype=torch.float32), requires_grad=False
+        )
 
     def checkpoint_keys(self, prefix: str) -> KeyDict:
         keys: KeyDict = {
             **prefixed("attn1.", WanSelfAttention.checkpoint_keys(f"{prefix}attn1.")),
             **prefixed("attn2.", WanCrossAttention.checkpoint_keys(f"{prefix}attn2.")),
-            "ffn_up_weight": f"{prefix}ffn.net.0.proj.weight",
-            "ffn_up_bias": f"{prefix}ffn.net.0.proj.bias",
-            "ffn_down_weight": f"{prefix}ffn.net.2.weight",
-            "ffn_down_bias": f"{prefix}ffn.net.2.bias",
+            "ffn_up.weight": f"{prefix}ffn.net.0.proj.weight",
+            "ffn_up.bias": f"{prefix}ffn.net.0.proj.bias",
+            "ffn_down.weight": f"{prefix}ffn.net.2.weight",
+            "ffn_down.bias": f"{prefix}ffn.net.2.bias",
             "scale_shift_table": f"{prefix}scale_shift_table",
         }
-        if self.cfg.cross_attn_norm:
-            keys["norm2_weight"] = f"{prefix}norm2.weight"
-            keys["norm2_bias"] = f"{prefix}norm2.bias"
+        if self.norm2 is not None:
+            keys["norm2.weight"] = f"{prefix}norm2.weight"
+            keys["norm2.bias"] = f"{prefix}norm2.bias"
         return keys
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(F.linear(x, self.ffn_up_weight, self.ffn_up_bias), approximate="tanh")
-        return self.tp.all_reduce(F.linear(h, self.ffn_down_weight)) + self.ffn_down_bias
+        return self.ffn_down(F.gelu(self.ffn_up(x), approximate="tanh"))
 
     def forward(
         self,
@@ -289,16 +274,12 @@ class WanBlock(nn.Module):
         temb: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        eps = self.cfg.eps
         shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
-        h = (layer_norm(x.float(), None, None, eps) * (1 + scale) + shift).to(x.dtype)
+        h = (self.norm1(x.float()) * (1 + scale) + shift).to(x.dtype)
         x = (x.float() + self.attn1(h, rope) * gate).to(x.dtype)
-        if self.cfg.cross_attn_norm:
-            h = layer_norm(x.float(), self.norm2_weight, self.norm2_bias, eps).to(x.dtype)
-        else:
-            h = x
+        h = x if self.norm2 is None else self.norm2(x.float()).to(x.dtype)
         x = x + self.attn2(h, context)
-        h = (layer_norm(x.float(), None, None, eps) * (1 + c_scale) + c_shift).to(x.dtype)
+        h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).to(x.dtype)
         return (x.float() + self.ffn(h).float() * c_gate).to(x.dtype)
 
 
@@ -313,41 +294,44 @@ class WanDiT(nn.Module):
         self.config = cfg
         self.dtype = dtype
         dim, tp = cfg.inner_dim, self.tp
-        pt, ph, pw = cfg.patch_size
         self.rope = WanRotaryPosEmbed(cfg.attention_head_dim, cfg.patch_size, cfg.rope_max_seq_len)
-        self.patch_weight = _param(dim, cfg.in_channels, pt, ph, pw, dtype=dtype)
-        self.patch_bias = _param(dim, dtype=dtype)
+        self.patch_embedding = nn.Conv3d(
+            cfg.in_channels, dim, cfg.patch_size, stride=cfg.patch_size, dtype=dtype
+        ).requires_grad_(False)
         # diffusers keeps the time embedder in float32.
-        self.time_in_weight = _param(dim, cfg.freq_dim, dtype=torch.float32)
-        self.time_in_bias = _param(dim, dtype=torch.float32)
-        self.time_out_weight = _param(dim, dim, dtype=torch.float32)
-        self.time_out_bias = _param(dim, dtype=torch.float32)
-        self.time_proj_weight, self.time_proj_bias = _column(6 * dim, dim, tp, dtype, "6 * inner_dim")
-        self.text_in_weight, self.text_in_bias = _column(dim, cfg.text_dim, tp, dtype, "inner_dim")
-        self.text_out_weight, self.text_out_bias = _row(dim, dim, tp, dtype, "inner_dim")
+        self.time_in = ReplicatedLinear(cfg.freq_dim, dim, bias=True, dtype=torch.float32)
+        self.time_out = ReplicatedLinear(dim, dim, bias=True, dtype=torch.float32)
+        # Every block's modulation, split over TP and gathered (``time_embedding``).
+        self.time_proj = ColumnParallelLinear(dim, 6 * dim, bias=True, dtype=dtype, tp=tp)
+        self.text_in = ColumnParallelLinear(cfg.text_dim, dim, bias=True, dtype=dtype, tp=tp)
+        self.text_out = RowParallelLinear(dim, dim, bias=True, dtype=dtype, tp=tp)
         self.blocks = nn.ModuleList([WanBlock(cfg, dtype, tp, self.cp) for _ in range(cfg.num_layers)])
-        self.scale_shift_table = _param(1, 2, dim, dtype=torch.float32)
-        self.proj_out_weight = _param(cfg.out_channels * math.prod(cfg.patch_size), dim, dtype=dtype)
-        self.proj_out_bias = _param(cfg.out_channels * math.prod(cfg.patch_size), dtype=dtype)
+        self.norm_out = LayerNorm(dim, cfg.eps, affine=False)
+        self.scale_shift_table = nn.Parameter(
+            torch.empty(1, 2, dim, dtype=torch.float32), requires_grad=False
+        )
+        self.proj_out = ReplicatedLinear(
+            dim, cfg.out_channels * math.prod(cfg.patch_size), bias=True, dtype=dtype
+        )
         self._graphs: dict[Any, Callable[..., Any]] = {}
 
     def checkpoint_keys(self) -> KeyDict:
         keys: KeyDict = {
-            "patch_weight": "patch_embedding.weight",
-            "patch_bias": "patch_embedding.bias",
-            "time_in_weight": "condition_embedder.time_embedder.linear_1.weight",
-            "time_in_bias": "condition_embedder.time_embedder.linear_1.bias",
-            "time_out_weight": "condition_embedder.time_embedder.linear_2.weight",
-            "time_out_bias": "condition_embedder.time_embedder.linear_2.bias",
-            "time_proj_weight": "condition_embedder.time_proj.weight",
-            "time_proj_bias": "condition_embedder.time_proj.bias",
-            "text_in_weight": "condition_embedder.text_embedder.linear_1.weight",
-            "text_in_bias": "condition_embedder.text_embedder.linear_1.bias",
-            "text_out_weight": "condition_embedder.text_embedder.linear_2.weight",
-            "text_out_bias": "condition_embedder.text_embedder.linear_2.bias",
+            "patch_embedding.weight": "patch_embedding.weight",
+            "patch_embedding.bias": "patch_embedding.bias",
+            "time_in.weight": "condition_embedder.time_embedder.linear_1.weight",
+            "time_in.bias": "condition_embedder.time_embedder.linear_1.bias",
+            "time_out.weight": "condition_embedder.time_embedder.linear_2.weight",
+            "time_out.bias": "condition_embedder.time_embedder.linear_2.bias",
+            "time_proj.weight": "condition_embedder.time_proj.weight",
+            "time_proj.bias": "condition_embedder.time_proj.bias",
+            "text_in.weight": "condition_embedder.text_embedder.linear_1.weight",
+            "text_in.bias": "condition_embedder.text_embedder.linear_1.bias",
+            "text_out.weight": "condition_embedder.text_embedder.linear_2.weight",
+            "text_out.bias": "condition_embedder.text_embedder.linear_2.bias",
             "scale_shift_table": "scale_shift_table",
-            "proj_out_weight": "proj_out.weight",
-            "proj_out_bias": "proj_out.bias",
+            "proj_out.weight": "proj_out.weight",
+            "proj_out.bias": "proj_out.bias",
         }
         for i, block in enumerate(self.blocks):
             keys.update(prefixed(f"blocks.{i}.", block.checkpoint_keys(f"blocks.{i}.")))
@@ -402,17 +386,12 @@ class WanDiT(nn.Module):
         sinusoid = get_timestep_embedding(
             timestep, self.config.freq_dim, flip_sin_to_cos=True, downscale_freq_shift=0
         )
-        temb = F.linear(
-            F.silu(F.linear(sinusoid.float(), self.time_in_weight, self.time_in_bias)),
-            self.time_out_weight,
-            self.time_out_bias,
-        ).to(dtype)
-        proj = F.linear(F.silu(temb), self.time_proj_weight, self.time_proj_bias)
+        temb = self.time_out(F.silu(self.time_in(sinusoid.float()))).to(dtype)
+        proj = self.time_proj(F.silu(temb))
         return temb, self.tp.all_gather(proj, dim=-1).unflatten(1, (6, -1))
 
     def text_embedding(self, context: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(F.linear(context, self.text_in_weight, self.text_in_bias), approximate="tanh")
-        return self.tp.all_reduce(F.linear(h, self.text_out_weight)) + self.text_out_bias
+        return self.text_out(F.gelu(self.text_in(context), approximate="tanh"))
 
     def forward(
         self,
@@ -445,7 +424,7 @@ class WanDiT(nn.Module):
         pt, ph, pw = cfg.patch_size
         grid = (f // pt, h // ph, w // pw)
         cos, sin = (t.float() for t in self.rope(hidden_states))
-        x = F.conv3d(hidden_states, self.patch_weight, self.patch_bias, stride=cfg.patch_size)
+        x = self.patch_embedding(hidden_states)
         x = x.flatten(2).transpose(1, 2).contiguous()
         temb, block_temb = self.time_embedding(timestep, encoder_hidden_states.dtype)
         context = self.text_embedding(encoder_hidden_states)
@@ -457,8 +436,8 @@ class WanDiT(nn.Module):
         x = gather_sequence(x, self.cp)
 
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
-        x = (layer_norm(x.float(), None, None, cfg.eps) * (1 + scale) + shift).to(x.dtype)
-        x = F.linear(x, self.proj_out_weight, self.proj_out_bias)
+        x = (self.norm_out(x.float()) * (1 + scale) + shift).to(x.dtype)
+        x = self.proj_out(x)
         x = x.reshape(b, *grid, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 

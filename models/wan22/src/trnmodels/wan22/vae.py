@@ -35,7 +35,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import (
 from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trnmodels.core.diffusion.compile import (
+from trnmodels.core.compile.diffusion import (
     ComponentGraph,
     ComponentResult,
     compile_components,

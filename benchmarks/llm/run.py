@@ -1,0 +1,190 @@
+"""One benchmark run: every measurement of every workload, in order, into one JSON-ready dict.
+
+The workloads: always ``bench``, random weights from the plugin's bundled ``bench`` config (about 100M
+parameters, sharded). Then, for a plugin that has one, ``real``: a real trained checkpoint of the plugin's
+architecture, built by ``trnmodels.core.real_weights`` (``trnmodels real-weights``) from a package on the
+index. ``REAL_WEIGHTS`` says which plugin gets which: today llama3 gets SmolLM2-135M-Instruct, whose 30
+narrow layers (hidden 576) put a different balance of per-op dispatch and weight bandwidth in a decode step
+than the bench config's few wide ones. Every workload gets the same measurements, and the page puts its
+rows in the same tables.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..machine import machine_info
+from ..parallelism import tp_degree
+from . import measure
+from .measure import BENCH_RUNNER
+
+# plugin -> the trnmodels.core.real_weights source of its real-weights workload. A source is a trained model
+# of the plugin's architecture; a plugin without one is benchmarked on its bench config alone.
+REAL_WEIGHTS = {"llama3": "SmolLM2-135M-Instruct"}
+WORKLOADS = ("bench", "real")
+
+
+@dataclass(frozen=True)
+class Settings:
+    load_repeats: int = 5  # fresh processes per weight-loading measurement (median)
+    repeats: int = 5  # timed repetitions per throughput figure (median)
+    new_tokens: int = 65  # generated per decode measurement: 1 from the prefill, then 64 decode steps
+    prefill_len: int = BENCH_RUNNER.max_model_len
+    decode_prompt_len: int = 32
+    batch: int = BENCH_RUNNER.max_num_seqs
+    jobs: int = 2  # compile workers
+    bandwidth_bytes: int = 1 << 30
+
+
+QUICK = Settings(load_repeats=1, repeats=1, new_tokens=9)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        print(f"[bench {time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def workloads(model: str) -> tuple[str, ...]:
+    """The workloads ``model`` has: ``bench``, and ``real`` if ``REAL_WEIGHTS`` names a source for it."""
+    return WORKLOADS if model in REAL_WEIGHTS else ("bench",)
+
+
+def _prompts(checkpoint: dict[str, Any], settings: Settings) -> tuple[Any, ...]:
+    """The same prompts for every system: one long prefill prompt; decode at batch 1 and at ``batch``
+    (ragged lengths, so HF's batch is left-padded)."""
+    vocab = checkpoint["vocab_size"]
+    prefill = measure.random_prompts([settings.prefill_len], vocab, seed=1)[0]
+    lengths = [settings.decode_prompt_len - 2 * i for i in range(settings.batch)]
+    batches = {
+        "decode_b1": measure.random_prompts(lengths[:1], vocab, seed=2),
+        f"decode_b{settings.batch}": measure.random_prompts(lengths, vocab, seed=3),
+    }
+    return prefill, batches, settings.new_tokens, settings.repeats
+
+
+def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) -> dict[str, Any]:
+    """Our runner eager and with the compiled graphs, and HF ``generate``, on the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    from trnmodels.core.causal_lm import build_model
+    from trnmodels.core.compile import CompileTarget, load_compiled_graphs
+    from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
+    from trnmodels.core.runner.engine import Runner
+
+    target = CompileTarget(checkpoint["dir"], BENCH_RUNNER)
+    init_parallel_state(1)
+    try:
+        model = build_model(checkpoint["dir"], target.neuron_config(), progress=False)
+        start = time.perf_counter()
+        graphs = load_compiled_graphs(target, model, cache_dir)
+        load_seconds = time.perf_counter() - start
+        hf = AutoModelForCausalLM.from_pretrained(checkpoint["dir"], dtype=torch.float32).eval()
+        systems = {
+            "ours_eager": measure.runner_generate(Runner(model, BENCH_RUNNER)),
+            "ours_compiled": measure.runner_generate(Runner(model, BENCH_RUNNER, graphs=graphs)),
+            "hf": measure.hf_generate(hf, checkpoint["pad_token_id"]),
+        }
+        figures = measure.throughput(systems, *_prompts(checkpoint, settings))
+    finally:
+        destroy_parallel_state()
+    return {"figures": figures, "graphs_load_seconds": load_seconds, "graphs_loaded": len(graphs)}
+
+
+def _checkpoint(model: str, workload: str, work_dir: Path, log: _Log) -> dict[str, Any]:
+    if workload == "bench":
+        log(f"random-weight checkpoint from the {model} plugin's bench config")
+        return measure.make_checkpoint(model, work_dir / "checkpoint")
+    from trnmodels.core.real_weights import real_checkpoint
+
+    log(f"real checkpoint {REAL_WEIGHTS[model]} (`trnmodels real-weights`)")
+    path, _ = real_checkpoint(REAL_WEIGHTS[model])
+    # Read once, so its loading is measured from the page cache like the bench checkpoint just written.
+    measure.read_into_page_cache(path)
+    return measure.checkpoint_info(path) | {"source": REAL_WEIGHTS[model]}
+
+
+def _run_workload(model: str, workload: str, settings: Settings, work_dir: Path, log: _Log) -> dict[str, Any]:
+    """The checkpoint, its loading, its cold and warm compile, and its throughput against HF."""
+    from trnmodels.core.compile import CompileTarget
+    from trnmodels.core.runner.graphs import all_graph_specs
+
+    work_dir.mkdir(parents=True)
+    # A fresh Inductor cache per workload, so each cold compile is really cold.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work_dir / "inductor")
+    checkpoint = _checkpoint(model, workload, work_dir, log)
+    out: dict[str, Any] = {
+        "workload": workload,
+        "checkpoint": {k: v for k, v in checkpoint.items() if k != "dir"},
+    }
+    tp = tp_degree(checkpoint["dir"])
+    log(f"{workload}: weight loading: plain read, ours TP=1, ours TP={tp}; {settings.load_repeats} rounds")
+    out["loading"] = measure.measure_loading(checkpoint["dir"], settings.load_repeats, tp)
+    specs = all_graph_specs(BENCH_RUNNER)
+    log(f"{workload}: compile {', '.join(s.name for s in specs)}: cold, then warm")
+    cache_dir = str(work_dir / "compile-cache")
+    target = CompileTarget(checkpoint["dir"], BENCH_RUNNER)
+    out["compile"] = measure.compile_times(target, specs, cache_dir, settings.jobs)
+    log(f"{workload}: throughput: ours eager, ours compiled, HF; {settings.repeats} rounds")
+    figures = _throughput(checkpoint, settings, cache_dir)
+    out["compile"] |= {
+        "load_seconds": figures["graphs_load_seconds"],
+        "loaded_graphs": figures["graphs_loaded"],
+    }
+    out["throughput"] = figures["figures"]
+    return out
+
+
+def run_benchmark(
+    model: str, settings: Settings | None = None, only: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Every figure of the benchmark page, measured in this one run, for each of the model's workloads
+    (``only``: a subset of them)."""
+    settings = settings or Settings()
+    unknown = sorted(set(only or ()) - set(workloads(model)))
+    if unknown or only == []:
+        raise ValueError(f"{model} has the workloads {', '.join(workloads(model))}; asked for {only}")
+    chosen = [w for w in workloads(model) if only is None or w in only]
+    log = _Log()
+    machine_start, own_start = measure.cpu_seconds()
+    results: dict[str, Any] = {
+        "model": model,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
+        "settings": asdict(settings),
+        "runner": asdict(BENCH_RUNNER),
+    }
+    saved_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="trnmodels-bench-") as tmp:
+        try:
+            log("memory bandwidth")
+            results["bandwidth_bytes_per_s"] = measure.memory_bandwidth(settings.bandwidth_bytes)
+            results["workloads"] = [
+                _run_workload(model, workload, settings, Path(tmp) / workload, log) for workload in chosen
+            ]
+        finally:
+            if saved_env is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_env
+    machine_end, own_end = measure.cpu_seconds()
+    wall = time.perf_counter() - log.start
+    results["machine"] |= {
+        "load_average_end": os.getloadavg(),
+        "run_seconds": wall,
+        "other_processes_cores": max(0.0, (machine_end - machine_start) - (own_end - own_start)) / wall,
+    }
+    log("done")
+    return results

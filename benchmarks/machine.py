@@ -1,0 +1,45 @@
+"""The host a benchmark ran on, as every page records it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def proc_bytes(path: str) -> dict[str, int]:
+    """``Key: N kB`` lines of a /proc file, in bytes."""
+    out: dict[str, int] = {}
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def machine_info(packages: Sequence[str] = ("torch", "transformers", "safetensors")) -> dict[str, Any]:
+    """CPU, cores, memory, Python and platform, and ``__version__`` of each of ``packages`` (by import
+    name, which is also its key)."""
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor() or "unknown",
+    )
+    meminfo = proc_bytes("/proc/meminfo") if Path("/proc/meminfo").is_file() else {}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": meminfo.get("MemTotal", 0),
+        "python": platform.python_version(),
+        **{name: importlib.import_module(name).__version__ for name in packages},
+        "platform": platform.platform(),
+        # Other processes share the cores: the 1, 5 and 15 minute load averages when the run starts.
+        "load_average_start": os.getloadavg(),
+    }

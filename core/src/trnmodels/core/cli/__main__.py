@@ -1,0 +1,7 @@
+"""``python -m trnmodels.core.cli``: the ``trnmodels`` console script without installing it."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

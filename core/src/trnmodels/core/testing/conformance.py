@@ -1,0 +1,305 @@
+"""The conformance suite every LLM plugin runs against its transformers twin.
+
+A plugin's tests subclass ``CausalLMConformance`` and set ``spec``; pytest then collects, for that
+plugin: registration and entry points, decoder-layer parity, teacher-forced logits through prefill and
+paged decode at every mesh (TP=1, TP=2, and EP=2 for mixture-of-experts models), greedy parity with HF
+``generate`` on a ragged batch, compiled graphs equal to eager, and the mesh errors raised before any
+rank starts. What stays in the plugin's own tests is what only it has.
+
+Checkpoints start from the plugin's bundled ``tiny/config.json`` (the same file the demo, the compile
+session and the vLLM harness read) with the spec's overrides merged in, plus random configs drawn from
+the spec. The draw's seed is printed in the test report header and in every failure message;
+``TRNMODELS_TEST_SEED`` replays it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ..accuracy import compare_teacher_forced_logits, greedy_teacher_sequence, hf_logits
+from ..causal_lm import build_model, check_model_config
+from ..errors import ConfigError, ShardingError
+from ..plugins import ModelPlugin, discover_plugins, plugin_for_architecture
+from ..runner.config import RunnerConfig, SamplingParams
+from ..runner.engine import Runner
+from ..runner.generate import GenerateJob, generate_token_ids
+from ..runner.score import ScoreJob, score_many, teacher_forced_logits
+from ..runtime_config import NeuronConfig
+from .checkpoints import save_checkpoint
+
+SEED = int(os.environ.get("TRNMODELS_TEST_SEED", random.randrange(1 << 30)))
+
+# FP32 on both sides: what remains is summation order, ~1e-6 relative per op, well under this.
+FP32_ATOL = 1e-4
+
+# Two token buckets and two context buckets exercise padding; 5 prompts on 4 slots make the fifth wait,
+# so prefill and decode steps interleave.
+RUNNER = RunnerConfig(
+    max_num_seqs=4,
+    max_model_len=64,
+    block_size=8,
+    num_batched_tokens_buckets=(32, 64),
+    num_seqs_buckets=(2, 4),
+    context_len_buckets=(32, 64),
+)
+PROMPT_LENGTHS = (5, 17, 1, 9, 30)
+NEW_TOKENS = 12
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` applied; nested dicts (a ``text_config``) merge key by key."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping) and not key.startswith("rope"):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def canonical(distribution: str) -> str:
+    """A distribution name as packaging compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def perturb_norms(model: torch.nn.Module) -> None:
+    """Random init leaves norm scales at 1 (or 0); perturb them so a norm mapped to the wrong key shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+
+
+@dataclass(frozen=True)
+class ConformanceSpec:
+    """What a plugin tells the suite: its entry-point name, its transformers twin, and its configs.
+
+    ``configs`` maps a case name to overrides of the bundled tiny config (the variants the plugin must
+    serve); ``random_config`` draws one more the tests were not written for. ``hf_attributes`` are set on
+    the HF config after construction (the eager attention path is the readable reference); ``perturb``
+    moves the weights random init leaves at a constant (norm scales), so a wrong key mapping shows.
+    """
+
+    plugin: str
+    hf_class: type[PreTrainedModel]
+    configs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"tiny": {}})
+    random_config: Callable[[random.Random], dict[str, Any]] | None = None
+    num_random_configs: int = 1
+    moe: bool = False
+    hf_attributes: Mapping[str, str] = field(default_factory=lambda: {"_attn_implementation": "eager"})
+    perturb: Callable[[torch.nn.Module], None] = perturb_norms
+
+    @cached_property
+    def model_plugin(self) -> ModelPlugin:
+        return discover_plugins()[self.plugin]
+
+    @property
+    def architecture(self) -> str:
+        return self.model_plugin.architectures[0]
+
+    @property
+    def meshes(self) -> tuple[tuple[int, int], ...]:
+        """(tp, ep) pairs the logits and generation cases run on."""
+        return ((1, 1), (2, 1), (1, 2)) if self.moe else ((1, 1), (2, 1))
+
+    def tiny_config(self) -> dict[str, Any]:
+        path = self.model_plugin.bundled_config_dir("tiny") / "config.json"
+        return json.loads(path.read_text())
+
+    def hf_config(self, **overrides: Any) -> PretrainedConfig:
+        config = self.hf_class.config_class(**merge(self.tiny_config(), overrides))
+        for sub in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+            for name, value in self.hf_attributes.items():
+                setattr(sub, name, value)
+        return config
+
+    def build_hf(self, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+        torch.manual_seed(seed)
+        model = self.hf_class(self.hf_config(**overrides)).eval()
+        self.perturb(model)
+        return model
+
+    def cases(self, rng: random.Random) -> dict[str, dict[str, Any]]:
+        cases = {name: dict(overrides) for name, overrides in self.configs.items()}
+        if self.random_config is not None:
+            for i in range(self.num_random_configs):
+                cases[f"random{i}"] = self.random_config(rng)
+        return cases
+
+
+@dataclass
+class Case:
+    name: str
+    overrides: dict[str, Any]
+    checkpoint: Path
+    hf: PreTrainedModel
+    token_ids: list[int]
+    prefill_len: int
+    hf_logits: torch.Tensor
+
+    def describe(self, **mesh: int) -> str:
+        where = " ".join(f"{k}={v}" for k, v in mesh.items())
+        return f"{self.name} {where} prefill={self.prefill_len} seed={SEED} overrides={self.overrides}"
+
+
+def decoder_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
+    """The model's decoder layers: the one ``ModuleList`` named ``layers`` with ``num_layers`` entries."""
+    found = [
+        m
+        for name, m in model.named_modules()
+        if name.rpartition(".")[2] == "layers" and isinstance(m, torch.nn.ModuleList) and len(m) == num_layers
+    ]
+    if len(found) != 1:
+        raise AssertionError(f"{type(model).__name__}: expected one ModuleList 'layers', found {len(found)}")
+    return found[0]
+
+
+def layer_outputs(model: torch.nn.Module, num_layers: int, run: Callable[[], Any]) -> list[torch.Tensor]:
+    """Each decoder layer's output hidden states ``[T, hidden]`` while ``run()`` runs the model once."""
+    outputs: list[torch.Tensor] = []
+
+    def keep(_module, _inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        outputs.append(hidden.detach().reshape(-1, hidden.shape[-1]).float())
+
+    handles = [layer.register_forward_hook(keep) for layer in decoder_layers(model, num_layers)]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+def mesh_param(tp: int, ep: int):
+    """A (tp, ep) parameter; anything past one rank starts processes and is marked slow."""
+    marks = [pytest.mark.slow] if tp * ep > 1 else []
+    return pytest.param(tp, ep, id=f"tp{tp}" if ep == 1 else f"tp{tp}ep{ep}", marks=marks)
+
+
+class CausalLMConformance:
+    """Subclass as ``TestConformance`` in a plugin's tests and set ``spec``."""
+
+    spec: ClassVar[ConformanceSpec]
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        # Every test taking (tp, ep) runs on each of the plugin's meshes.
+        if {"tp", "ep"} <= set(metafunc.fixturenames):
+            metafunc.parametrize("tp,ep", [mesh_param(tp, ep) for tp, ep in self.spec.meshes])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def cases(cls, tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
+        rng = random.Random(SEED)
+        root = tmp_path_factory.mktemp(f"{cls.spec.plugin}_conformance")
+        built = []
+        for i, (name, overrides) in enumerate(cls.spec.cases(rng).items()):
+            hf = cls.spec.build_hf(seed=i, **overrides)
+            checkpoint = save_checkpoint(hf, root / name)
+            vocab = hf.config.get_text_config().vocab_size
+            length = rng.randint(12, 40)
+            ids = [rng.randrange(vocab) for _ in range(length)]
+            prefill = rng.randint(1, length - 4)  # decode runs at least four steps past the prefill
+            built.append(Case(name, overrides, checkpoint, hf, ids, prefill, hf_logits(hf, ids)))
+        return built
+
+    def test_entry_point_resolves_the_architecture_to_this_plugin(self) -> None:
+        plugin = discover_plugins()[self.spec.plugin]
+        assert isinstance(plugin, ModelPlugin)
+        assert plugin_for_architecture(self.spec.architecture) is plugin
+        assert plugin.version == metadata.version(plugin.distribution)
+        served = self.spec.hf_class.__name__
+        assert served in plugin.architectures, f"{served} not in {plugin.architectures}"
+        # vLLM loads general plugins by entry point: the distribution must declare one, or vLLM never
+        # sees the architecture.
+        declared = {
+            canonical(ep.dist.name)
+            for ep in metadata.entry_points(group="vllm.general_plugins")
+            if ep.dist is not None
+        }
+        assert canonical(plugin.distribution) in declared, (
+            f"{plugin.distribution} declares no vllm.general_plugins entry point"
+        )
+
+    def test_decoder_layer_outputs_match_hf(self, cases: list[Case]) -> None:
+        """Layer by layer over one prefilled sequence: names the first layer that departs from HF."""
+        for case in cases:
+            model = build_model(case.checkpoint, NeuronConfig(), progress=False)
+            num_layers = case.hf.config.get_text_config().num_hidden_layers
+            ids = torch.tensor([case.token_ids])
+            expected = layer_outputs(case.hf, num_layers, lambda: case.hf(input_ids=ids))  # noqa: B023
+            ours = layer_outputs(model, num_layers, lambda: teacher_forced_logits(model, case.token_ids))  # noqa: B023
+            for i, (got, want) in enumerate(zip(ours, expected, strict=True)):
+                error = (got - want).abs().max().item()
+                # Hidden states grow through the residual stream: the tolerance scales with them.
+                bound = FP32_ATOL * max(1.0, want.abs().max().item())
+                assert error <= bound, f"layer {i} max abs error {error:.2e} > {bound:.2e}: {case.describe()}"
+
+    def test_teacher_forced_logits_match_hf(self, cases: list[Case], tp: int, ep: int) -> None:
+        jobs = [ScoreJob(str(c.checkpoint), tuple(c.token_ids), c.prefill_len) for c in cases]
+        for case, ours in zip(cases, score_many(jobs, tp, ep), strict=True):
+            report = compare_teacher_forced_logits(ours, case.hf_logits, atol=FP32_ATOL)
+            assert report.passed, f"{case.describe(tp=tp, ep=ep)}\n{report.format_table()}"
+
+    def test_greedy_generation_matches_hf_on_a_ragged_batch(
+        self, cases: list[Case], tp: int, ep: int
+    ) -> None:
+        rng = random.Random(SEED + 1)
+        params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        for case in cases:
+            vocab = case.hf.config.get_text_config().vocab_size
+            prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
+            expected = [greedy_teacher_sequence(case.hf, p, NEW_TOKENS)[len(p) :] for p in prompts]
+            job = GenerateJob(str(case.checkpoint), tuple(map(tuple, prompts)), params, RUNNER)
+            out = generate_token_ids(job, tp, ep)
+            assert [r.token_ids for r in out["results"]] == expected, case.describe(tp=tp, ep=ep)
+            assert out["steps"].count("prefill_32") + out["steps"].count("prefill_64") >= 2
+
+    @pytest.mark.slow
+    def test_compiled_graphs_generate_what_eager_generates(self, cases: list[Case], tmp_path: Path) -> None:
+        from ..compile import CompileTarget, compile_all, load_compiled_graphs
+
+        case = cases[0]
+        runner_cfg = RunnerConfig(
+            max_num_seqs=2, max_model_len=32, block_size=8, num_batched_tokens_buckets=(32,),
+            num_seqs_buckets=(2,), context_len_buckets=(32,),
+        )  # fmt: skip
+        target = CompileTarget(str(case.checkpoint), runner_cfg)
+        results = compile_all(target, str(tmp_path / "cache"), jobs=2)
+        assert [r.name for r in results] == ["prefill_32", "decode_2x32"]
+        model = build_model(case.checkpoint, target.neuron_config(), progress=False)
+        graphs = load_compiled_graphs(target, model, str(tmp_path / "cache"))
+        prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+        for params in (
+            SamplingParams(max_new_tokens=9, ignore_eos=True),
+            SamplingParams(max_new_tokens=9, temperature=0.7, top_k=20, seed=5, ignore_eos=True),
+        ):
+            compiled = Runner(model, runner_cfg, graphs=graphs).generate(prompts, params)
+            eager = Runner(model, runner_cfg).generate(prompts, params)
+            assert [r.token_ids for r in compiled] == [r.token_ids for r in eager], params
+
+    def test_a_mesh_the_config_cannot_split_is_refused_before_any_rank_starts(
+        self, cases: list[Case]
+    ) -> None:
+        checkpoint = cases[0].checkpoint
+        heads = cases[0].hf.config.get_text_config().num_attention_heads
+        tp = next(n for n in range(2, 2 * heads + 2) if heads % n)
+        with pytest.raises((ConfigError, ShardingError), match=str(tp)):
+            check_model_config(checkpoint, NeuronConfig(tp_degree=tp))
+        if not self.spec.moe:
+            with pytest.raises(ConfigError, match="ep_degree=2"):
+                check_model_config(checkpoint, NeuronConfig(ep_degree=2))
