@@ -44,6 +44,19 @@ DTYPES = ("float32", "bfloat16")
 _guidance = finite_float(0)
 
 
+# The run settings a job takes and the JSON report repeats, in this order.
+RUN_FLAGS = (
+    "tp",
+    "cfg_parallel",
+    "cp",
+    "dtype",
+    "flow_shift",
+    "vae_tiling",
+    "vae_patch_parallel",
+    "ring_attention",
+)
+
+
 def add_video_parser(sub: Any) -> None:
     """Register ``trnmodels video`` on the CLI's subparsers."""
     p = sub.add_parser("video", help="generate a video with a diffusion plugin (text- or image-to-video)")
@@ -301,14 +314,7 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "guidance_scale": args.guidance_scale,
         "guidance_scale_2": args.guidance_scale_2,
-        "tp": args.tp,
-        "cfg_parallel": args.cfg_parallel,
-        "cp": args.cp,
-        "dtype": args.dtype,
-        "flow_shift": args.flow_shift,
-        "vae_tiling": args.vae_tiling,
-        "vae_patch_parallel": args.vae_patch_parallel,
-        "ring_attention": args.ring_attention,
+        **{flag: getattr(args, flag) for flag in RUN_FLAGS},
     }
     layout = ParallelLayout(tp=args.tp, cp=args.cp, cfg=args.cfg_parallel)
     start = time.perf_counter()
@@ -338,14 +344,7 @@ def cmd_video(args: argparse.Namespace) -> dict[str, Any]:
         "width": int(frames.shape[3]),
         "fps": fps,
         "latents_shape": list(latents.shape),
-        "tp": args.tp,
-        "cfg_parallel": args.cfg_parallel,
-        "cp": args.cp,
-        "dtype": args.dtype,
-        "flow_shift": args.flow_shift,
-        "vae_tiling": args.vae_tiling,
-        "vae_patch_parallel": args.vae_patch_parallel,
-        "ring_attention": args.ring_attention,
+        **{flag: getattr(args, flag) for flag in RUN_FLAGS},
         "seconds": round(seconds, 3),
     }
     return out
