@@ -1,4 +1,5 @@
-"""Bad input to ``trnmodels logits``, ``generate`` and ``compile``: data only (see ``test_cli_bad_inputs.py``).
+"""Bad input to ``trnmodels logits``, ``generate`` and ``compile``: data only (see ``test_cli_bad_inputs.py``),
+plus the numeric flags' edge values ``numeric_flag_cases`` generates from each command's argument types.
 
 ``input`` is what the user adds to a run that is otherwise valid; later flags override earlier ones, so
 ``--out EXISTING_DIR`` replaces the run's own ``--out``. Uppercase words are placeholders the test fills:
@@ -7,7 +8,7 @@
 Llama 3 checkpoint (4 heads, dense, max_position_embeddings=128, vocab 320) with the named defect.
 """
 
-from trnmodels.core.testing.bad_inputs import BadInput
+from trnmodels.core.testing.bad_inputs import BadInput, numeric_flag_cases
 
 _MESH = [
     (
@@ -19,21 +20,17 @@ _MESH = [
         "ep_degree=2: expert parallelism needs a mixture-of-experts model",
     ),
     (
-        "--tp 0",
-        "argument --tp: expected a positive integer, got 0",
-    ),
-    (
         "MODEL_TYPE_GEMMA4_CKPT",
         "model_type 'gemma4' contradicts architectures[0] 'LlamaForCausalLM'",
     ),
 ]
 
+COMMANDS = ("logits", "generate", "compile")
+
 BAD_INPUTS = [
-    *(
-        BadInput(command, text, message)
-        for command in ("logits", "generate", "compile")
-        for text, message in _MESH
-    ),
+    *(BadInput(command, text, message) for command in COMMANDS for text, message in _MESH),
+    # every numeric flag: the values just outside what its type accepts (--tp 0, --top-p 1.5, --seed -1, ...)
+    *(case for command in COMMANDS for case in numeric_flag_cases(command)),
     # logits: the output file
     BadInput("logits", "--out EXISTING_DIR", "is a directory; expected a file path"),
     BadInput("logits", "--out FILE/x.safetensors", "is not a directory"),
@@ -44,34 +41,11 @@ BAD_INPUTS = [
     BadInput(
         "logits", "--token-ids LONG_IDS", "129 token ids exceed the model's max_position_embeddings=128"
     ),
-    BadInput("logits", "--prefill-len 0", "argument --prefill-len: expected a positive integer, got 0"),
     BadInput("logits", "--prefill-len 4", "prefill length: expected 1..3 (the number of token ids), got 4"),
     BadInput("logits", "--dtype float64", "argument --dtype: invalid choice: 'float64'"),
     # logits: the checkpoint
     BadInput("logits", "NAN_WEIGHT_CKPT", "logits at position 0 are not finite (NaN or inf)"),
     BadInput("logits", "INT8_WEIGHT_CKPT", "the checkpoint stores torch.int8"),
-    # generate: sampling flags
-    BadInput(
-        "generate",
-        "--temperature nan",
-        "argument --temperature: expected a finite number in [0, inf], got nan",
-    ),
-    BadInput(
-        "generate", "--temperature -1", "argument --temperature: expected a finite number in [0, inf], got -1"
-    ),
-    BadInput("generate", "--top-p 0", "argument --top-p: expected a finite number in (0, 1], got 0"),
-    BadInput("generate", "--top-p 1.5", "argument --top-p: expected a finite number in (0, 1], got 1.5"),
-    BadInput("generate", "--top-p inf", "argument --top-p: expected a finite number in (0, 1], got inf"),
-    BadInput("generate", "--top-k -1", "argument --top-k: expected an integer >= 0, got -1"),
-    BadInput("generate", "--seed -1", "argument --seed: expected an integer seed in [0, 2**64 - 1], got -1"),
-    BadInput(
-        "generate",
-        "--seed 18446744073709551616",
-        "argument --seed: expected an integer seed in [0, 2**64 - 1], got 18446744073709551616",
-    ),
-    BadInput(
-        "generate", "--max-new-tokens 0", "argument --max-new-tokens: expected a positive integer, got 0"
-    ),
     # generate: lengths and the checkpoint
     BadInput(
         "generate", "--max-model-len 256", "max_model_len=256 exceeds the model's max_position_embeddings=128"
@@ -83,5 +57,4 @@ BAD_INPUTS = [
     BadInput(
         "compile", "--max-num-seqs 4 --num-seqs-buckets 1,2", "largest bucket 2 cannot hold max_num_seqs = 4"
     ),
-    BadInput("compile", "--jobs 0", "argument --jobs: expected a positive integer, got 0"),
 ]

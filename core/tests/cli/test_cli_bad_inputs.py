@@ -106,6 +106,25 @@ def argv_for(case: BadInput, ckpts: dict[str, Path], tmp: Path) -> list[str]:
     return [case.command, str(ckpt), *map(fill, [*shlex.split(BASE_ARGS[case.command]), *words])]
 
 
+def test_every_numeric_flag_is_probed_at_the_edges_of_its_type():
+    """The generated cases reach each kind of argument type (a generator that found no flag would leave
+    these flags untested without failing)."""
+    inputs = {f"{c.command} {c.input}" for c in CASES}
+    expected = {
+        "logits --prefill-len 0",
+        "compile --jobs 0",
+        "generate --tp 0",
+        "generate --top-k -1",
+        "generate --seed 18446744073709551616",
+        "generate --temperature nan",
+        "generate --temperature -1",
+        "generate --top-p 0",
+        "generate --top-p 1.5",
+        "generate --top-p inf",
+    }
+    assert expected <= inputs, sorted(expected - inputs)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.command} {c.input}" for c in CASES])
 def test_bad_input_is_one_line_and_leaves_nothing(case, checkpoints, tmp_path, capsys, no_rank_processes):
     code, _, err = run(argv_for(case, checkpoints, tmp_path), capsys)

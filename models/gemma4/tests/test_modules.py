@@ -6,14 +6,12 @@ match tightly; BF16 is judged three-way (our BF16 error relative to HF BF16's ow
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
 from transformers.models.gemma4 import modeling_gemma4 as hf
 
-from trnmodels.core.accuracy import assert_close_three_way, load_from_hf_module
+from trnmodels.core.accuracy import assert_module_bf16_three_way, load_from_hf_module
 from trnmodels.core.attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from trnmodels.core.kv_cache import allocate_kv_cache, slot_mapping
 from trnmodels.core.modules import ExpertsCheckpointFormat, GatedMLP, MoEExperts, RotaryEmbedding
@@ -23,13 +21,12 @@ from trnmodels.gemma4.model import Gemma4Attention, Gemma4DecoderLayer, Gemma4Ro
 
 from .conftest import FULL, MOE, SLIDING, perturb, text_config
 
-T = 11  # past the window of 4
+T = 11  # past the window of 8
 BLOCK = 4
 DENSE = dict(
     attention_k_eq_v=True,
     num_kv_shared_layers=2,  # layer 2 reads layer 0's cache, layer 3 reads layer 1's
     hidden_size_per_layer_input=8,
-    vocab_size_per_layer_input=96,
     use_double_wide_mlp=True,
 )
 
@@ -105,7 +102,7 @@ def mlp_pair(hf_cfg, cfg):
     theirs = hf.Gemma4TextMLP(hf_cfg, layer_idx=3).eval()  # a KV-shared layer: double wide
     assert theirs.intermediate_size == 2 * hf_cfg.intermediate_size
     ours = GatedMLP(cfg.hidden_size, cfg.layers[3].intermediate_size, cfg.hidden_act, dtype=cfg.dtype)
-    load_from_hf_module(ours, theirs, GatedMLP.checkpoint_keys(""))
+    load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
     return ours, theirs, lambda x: ours(x), lambda m, x: m(x)
 
 
@@ -138,7 +135,7 @@ def decoder_pair(layer_idx: int):
             meta = prefill_metadata(ours)
             rope = our_rope(cfg, layer_type, x.dtype)
             per_layer = ple[0].to(x.dtype) if cfg.hidden_size_per_layer_input else None
-            return ours(x[0], rope, meta, torch.tensor(0), per_layer)[None]
+            return ours(x[0], rope, per_layer, meta, torch.tensor(0))[None]
 
         def run_theirs(module, x):
             return module(
@@ -208,12 +205,7 @@ def test_fp32_matches_hf(block):
 @pytest.mark.parametrize("block", PAIRS)
 def test_bf16_three_way(block):
     cfg, (_, theirs, run_ours, run_theirs) = build(block, torch.bfloat16)
-    x = torch.randn(1, T, cfg.hidden_size)
-    with torch.no_grad():
-        expected = run_theirs(theirs.float(), x)
-        baseline = run_theirs(copy.deepcopy(theirs).to(torch.bfloat16), x.bfloat16())
-        target = run_ours(x.bfloat16())
-    assert_close_three_way(target, expected, baseline, name=block)
+    assert_module_bf16_three_way(run_ours, theirs, run_theirs, torch.randn(1, T, cfg.hidden_size), block)
 
 
 def test_router_matches_hf():
@@ -229,7 +221,7 @@ def test_router_matches_hf():
     torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("layer_type,head_dim", [(SLIDING, 8), (FULL, 16)])
+@pytest.mark.parametrize("layer_type,head_dim", [(SLIDING, 16), (FULL, 32)])
 def test_rope_per_layer_type_matches_hf(layer_type, head_dim):
     hf_cfg, cfg = configs(torch.float32)
     assert cfg.rope[layer_type].head_dim == head_dim

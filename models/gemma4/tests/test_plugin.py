@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from trnmodels.core.plugins import discover_plugins, plugin_for_architecture
-from trnmodels.core.testing import run_cli
 
 # The version this member's pyproject.toml declares: what the installed distribution must report.
 VERSION = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
@@ -42,16 +38,3 @@ def test_text_only_causal_lm_layout_matches_hf(tmp_path):
     ckpt = save_checkpoint(hf, tmp_path / "causal")
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     assert (score_checkpoint(ckpt, ids, 4) - hf_logits(hf, ids)).abs().max() <= 1e-4
-
-
-@pytest.mark.slow  # a fresh `trnmodels` process; llama3's test_info_lists_llama3 is the fast one
-def test_info_lists_gemma4():
-    done = run_cli("info", "--json")
-    assert done.returncode == 0, done.stderr
-    info = json.loads(done.stdout)
-    assert {
-        "name": "gemma4",
-        "version": VERSION,
-        "distribution": "trnmodels-gemma4",
-        "architectures": ["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
-    } in info["plugins"]

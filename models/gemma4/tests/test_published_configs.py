@@ -10,19 +10,17 @@ sliding window) must match HF to 1e-4 at TP=1 and TP=2.
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import torch
 import transformers
 
-from trnmodels.core.accuracy import hf_logits
-from trnmodels.core.testing.published import cli_logits_max_error, published_config, shrink
+from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
+from trnmodels.core.testing.published import (
+    test_published_config_logits_match_hf as test_published_config_logits_match_hf,
+)
 
 from .conftest import FULL, SLIDING, perturb
 
-FP32_ATOL = 1e-4
 WINDOW = 4
 PREFILL = 5
 LENGTH = 14  # decode steps run from position 5 to 13, well past the window of 4
@@ -80,38 +78,24 @@ def shrunk(name: str) -> dict:
     return shrink(published_config(name), sizes)
 
 
+def load_reference(ckpt):
+    return transformers.Gemma4ForConditionalGeneration.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager"
+    )
+
+
 @pytest.fixture(scope="module", params=sorted(SIZES))
 def case(request, tmp_path_factory):
-    """(checkpoint dir, token ids, HF logits) for one published config."""
+    """The checkpoint of one published config, random text ids and HF's logits of them."""
     name = request.param
     config = shrunk(name)
     root = tmp_path_factory.mktemp(name)
-    (root / "published").mkdir()
-    (root / "published" / "config.json").write_text(json.dumps(config, indent=2))
-    hf_config = transformers.AutoConfig.from_pretrained(root / "published")
     torch.manual_seed(0)
-    model = transformers.Gemma4ForConditionalGeneration(hf_config).eval()
+    model = transformers.Gemma4ForConditionalGeneration(as_hf_config(config, root / "published")).eval()
     perturb(model, seed=0)
     with torch.no_grad():  # logits of order 10, so final_logit_softcapping=30 takes effect
         model.model.language_model.norm.weight.mul_(20.0)
-    ckpt = root / "ckpt"
-    model.save_pretrained(ckpt)
-    (ckpt / "config.json").write_text(json.dumps(config, indent=2))  # the published fields, verbatim
-
-    rng = random.Random(name)
+    model.save_pretrained(root / "ckpt")
     # Text only: no pad/eos/bos ids (0-2), no multimodal placeholders.
     text_ids = [t for t in range(3, VOCAB) if t not in SPECIAL_IDS.values()]
-    ids = [rng.choice(text_ids) for _ in range(LENGTH)]
-    ref = transformers.Gemma4ForConditionalGeneration.from_pretrained(
-        ckpt, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        expected = hf_logits(ref, ids)
-    return name, ckpt, ids, expected
-
-
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_published_config_logits_match_hf(case, tp, tmp_path):
-    name, ckpt, ids, expected = case
-    err = cli_logits_max_error(ckpt, ids, PREFILL, tp, expected, tmp_path / "logits.safetensors")
-    assert err <= FP32_ATOL, f"{name} tp={tp}: max abs error {err:.3g}"
+    return logits_case(name, root / "ckpt", config, load_reference, text_ids, LENGTH, PREFILL)

@@ -14,7 +14,7 @@ import torch
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 
 from trnmodels.core import ops
-from trnmodels.core.accuracy import assert_close_three_way, load_from_hf_module
+from trnmodels.core.accuracy import assert_module_bf16_three_way, load_from_hf_module
 from trnmodels.core.attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from trnmodels.core.kv_cache import allocate_kv_cache, slot_mapping
 from trnmodels.core.modules import MoEExperts, RotaryEmbedding, SelfAttention
@@ -176,11 +176,7 @@ def test_bf16_three_way(block):
     hf_model, hf_cfg, cfg = configs(torch.bfloat16)
     theirs, run_ours, run_theirs = PAIRS[block](hf_model, hf_cfg, cfg)
     x = torch.randn(1, T, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = run_theirs(theirs.float(), x)
-        baseline = run_theirs(copy.deepcopy(theirs).to(torch.bfloat16), x.bfloat16())
-        target = run_ours(x.bfloat16())
-    assert_close_three_way(target, expected, baseline, name=block)
+    assert_module_bf16_three_way(run_ours, theirs, run_theirs, x, block)
 
 
 def test_bf16_router_picks_match_hf():

@@ -15,9 +15,7 @@ from trnmodels.core.causal_lm import build_model
 from trnmodels.core.errors import CheckpointError
 from trnmodels.core.runner.score import score_checkpoint
 from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.testing import run_cli
-
-from .conftest import quantize_checkpoint
+from trnmodels.core.testing import quantize_checkpoint_mxfp4, run_cli
 
 IDS = [5, 17, 3, 99, 42, 8, 0, 100, 64, 23, 11, 7, 30, 31, 2, 9, 12, 77, 54, 4, 6, 19]
 PREFILL = 10
@@ -32,7 +30,7 @@ def mxfp4(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mxfp4")
     bf16 = save_checkpoint(build_hf(seed=11), root / "bf16")
-    ckpt = quantize_checkpoint(bf16, root / "mxfp4")
+    ckpt = quantize_checkpoint_mxfp4(bf16, root / "mxfp4")
     ref = transformers.GptOssForCausalLM.from_pretrained(
         ckpt, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
     )

@@ -10,19 +10,18 @@ HF to 1e-4 at TP=1 and TP=2.
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import torch
 import transformers
 
-from trnmodels.core.accuracy import hf_logits
-from trnmodels.core.testing.published import cli_logits_max_error, published_config, shrink
+from trnmodels.core.testing import quantize_checkpoint_mxfp4
+from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
+from trnmodels.core.testing.published import (
+    test_published_config_logits_match_hf as test_published_config_logits_match_hf,
+)
 
-from .conftest import perturb, quantize_checkpoint
+from .conftest import perturb
 
-FP32_ATOL = 1e-4
 WINDOW = 4
 PREFILL = 6
 LENGTH = 24  # decode steps run from position 6 to 23, well past the window of 4
@@ -44,15 +43,25 @@ SIZES = {
 PUBLISHED = ("gpt-oss-20b", "gpt-oss-120b")
 
 
+def load_reference(ckpt):
+    """HF's dequantized load of the MXFP4 checkpoint."""
+    ref = transformers.GptOssForCausalLM.from_pretrained(
+        ckpt, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
+    )
+    # HF dequantizes into BF16 (exact: every MXFP4 value is a BF16 value); compute in FP32 like ours.
+    ref = ref.float()
+    ref.config._attn_implementation = "eager"
+    ref.config._experts_implementation = "eager"
+    return ref
+
+
 @pytest.fixture(scope="module", params=PUBLISHED)
 def case(request, tmp_path_factory):
-    """(name, MXFP4 checkpoint dir, token ids, HF logits of HF's dequantized load of it)."""
+    """The MXFP4 checkpoint of one published config, random ids and HF's logits of them."""
     name = request.param
     config = shrink(published_config(name), SIZES)
     root = tmp_path_factory.mktemp(name)
-    (root / "published").mkdir()
-    (root / "published" / "config.json").write_text(json.dumps(config, indent=2))
-    hf_config = transformers.AutoConfig.from_pretrained(root / "published")
+    hf_config = as_hf_config(config, root / "published")
     del hf_config.quantization_config  # random BF16-layout weights first; quantized below
     torch.manual_seed(0)
     model = transformers.GptOssForCausalLM(hf_config).eval()
@@ -66,25 +75,5 @@ def case(request, tmp_path_factory):
             if key.endswith("gate_up_proj"):
                 p.mul_(50.0)
     model.save_pretrained(root / "bf16")
-    ckpt = quantize_checkpoint(root / "bf16", root / "mxfp4")
-    (ckpt / "config.json").write_text(json.dumps(config, indent=2))  # the published fields, verbatim
-
-    rng = random.Random(name)
-    ids = [rng.randrange(VOCAB) for _ in range(LENGTH)]
-    ref = transformers.GptOssForCausalLM.from_pretrained(
-        ckpt, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
-    )
-    # HF dequantizes into BF16 (exact: every MXFP4 value is a BF16 value); compute in FP32 like ours.
-    ref = ref.float().eval()
-    ref.config._attn_implementation = "eager"
-    ref.config._experts_implementation = "eager"
-    with torch.no_grad():
-        expected = hf_logits(ref, ids)
-    return name, ckpt, ids, expected
-
-
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_published_config_logits_match_hf(case, tp, tmp_path):
-    name, ckpt, ids, expected = case
-    err = cli_logits_max_error(ckpt, ids, PREFILL, tp, expected, tmp_path / "logits.safetensors")
-    assert err <= FP32_ATOL, f"{name} tp={tp}: max abs error {err:.3g}"
+    ckpt = quantize_checkpoint_mxfp4(root / "bf16", root / "mxfp4")
+    return logits_case(name, ckpt, config, load_reference, range(VOCAB), LENGTH, PREFILL)

@@ -8,7 +8,16 @@ import transformers
 
 from trnmodels.core.testing.conformance import CausalLMConformance, ConformanceSpec
 
-from .conftest import LLAMA3_ROPE
+# The bundled tiny config's RoPE (Llama 3.1 scaling over 64 original positions), named for the variants.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 1e4}
 
 
 def random_config(rng: random.Random) -> dict:
@@ -23,19 +32,22 @@ def random_config(rng: random.Random) -> dict:
         num_key_value_heads=kv,
         head_dim=rng.choice([8, 16, 24]),
         tie_word_embeddings=rng.random() < 0.5,
-        rope_parameters=LLAMA3_ROPE if rng.random() < 0.5 else {"rope_type": "default", "rope_theta": 1e4},
+        rope_parameters=LLAMA3_ROPE if rng.random() < 0.5 else DEFAULT_ROPE,
     )
+
+
+SPEC = ConformanceSpec(
+    plugin="llama3",
+    hf_class=transformers.LlamaForCausalLM,
+    configs={
+        "gqa_llama3_rope": {},
+        "mqa_odd_vocab_tied": dict(num_key_value_heads=1, vocab_size=101, tie_word_embeddings=True),
+        "head_dim_24": dict(head_dim=24, rope_parameters=DEFAULT_ROPE),
+        "mha_biases": dict(num_key_value_heads=4, attention_bias=True, mlp_bias=True, vocab_size=64),
+    },
+    random_config=random_config,
+)
 
 
 class TestConformance(CausalLMConformance):
-    spec = ConformanceSpec(
-        plugin="llama3",
-        hf_class=transformers.LlamaForCausalLM,
-        configs={
-            "gqa_llama3_rope": dict(rope_parameters=LLAMA3_ROPE),
-            "mqa_odd_vocab_tied": dict(num_key_value_heads=1, vocab_size=101, tie_word_embeddings=True),
-            "head_dim_24": dict(head_dim=24, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
-            "mha_biases": dict(num_key_value_heads=4, attention_bias=True, mlp_bias=True, vocab_size=64),
-        },
-        random_config=random_config,
-    )
+    spec = SPEC

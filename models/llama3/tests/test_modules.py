@@ -6,22 +6,20 @@ match tightly; BF16 is judged three-way (our BF16 error relative to HF BF16's ow
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from transformers.models.llama import modeling_llama as hf
 
-from trnmodels.core.accuracy import assert_close_three_way, load_from_hf_module
+from trnmodels.core.accuracy import assert_module_bf16_three_way, load_from_hf_module
 from trnmodels.core.attention import AttentionMetadata
 from trnmodels.core.decoder_config import DenseDecoderConfig
 from trnmodels.core.kv_cache import allocate_kv_cache, slot_mapping
 from trnmodels.core.modules import GatedMLP, RMSNorm, RotaryEmbedding, SelfAttention
 from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.weights import identity_keys
 from trnmodels.llama3.model import LlamaDecoderLayer
 
-from .conftest import LLAMA3_ROPE, hf_config
+from .conftest import hf_config
+from .test_conformance import LLAMA3_ROPE
 
 T = 19
 
@@ -79,7 +77,7 @@ def attention_pair(hf_cfg, cfg):
 def mlp_pair(hf_cfg, cfg):
     theirs = hf.LlamaMLP(hf_config(mlp_bias=True)).eval()
     ours = GatedMLP(cfg.hidden_size, cfg.intermediate_size, "silu", bias=True, dtype=cfg.dtype)
-    load_from_hf_module(ours, theirs, GatedMLP.checkpoint_keys("", bias=True))
+    load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
     return ours, theirs, lambda x: ours(x), lambda m, x: m(x)
 
 
@@ -99,7 +97,7 @@ def decoder_pair(hf_cfg, cfg):
             if "norm" in name:
                 p.normal_(1.0, 0.2)
     ours = LlamaDecoderLayer(cfg, 0)
-    load_from_hf_module(ours, theirs, identity_keys(ours))
+    load_from_hf_module(ours, theirs, ours.checkpoint_keys(""))
 
     def run_theirs(module, x):
         return module(x, attention_mask=causal_mask(T, x.dtype), position_embeddings=hf_rope(hf_cfg, x))
@@ -125,12 +123,7 @@ def test_bf16_three_way(block):
     torch.manual_seed(0)
     hf_cfg, cfg = configs(torch.bfloat16)
     _, theirs, run_ours, run_theirs = PAIRS[block](hf_cfg, cfg)
-    x = torch.randn(1, T, cfg.hidden_size)
-    with torch.no_grad():
-        expected = run_theirs(theirs.float(), x)
-        baseline = run_theirs(copy.deepcopy(theirs).to(torch.bfloat16), x.bfloat16())
-        target = run_ours(x.bfloat16())
-    assert_close_three_way(target, expected, baseline, name=block)
+    assert_module_bf16_three_way(run_ours, theirs, run_theirs, torch.randn(1, T, cfg.hidden_size), block)
 
 
 def test_rope_matches_hf():

@@ -9,19 +9,17 @@ FP32 logits (prefill, then decode steps) must match HF to 1e-4 at TP=1 and TP=2.
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import torch
 import transformers
 
-from trnmodels.core.accuracy import hf_logits
-from trnmodels.core.testing.published import cli_logits_max_error, published_config, shrink
+from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
+from trnmodels.core.testing.published import (
+    test_published_config_logits_match_hf as test_published_config_logits_match_hf,
+)
 
 from .conftest import perturb
 
-FP32_ATOL = 1e-4
 PREFILL = 8
 LENGTH = 32
 
@@ -42,35 +40,22 @@ PUBLISHED = {
 }
 
 
+def load_reference(ckpt):
+    return transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+
+
 @pytest.fixture(scope="module", params=sorted(PUBLISHED))
 def case(request, tmp_path_factory):
-    """(name, checkpoint dir, token ids, HF logits) for one published config."""
+    """The checkpoint of one published config, random ids and HF's logits of them."""
     name = request.param
     config = shrink(published_config(name), {**SIZES, **PUBLISHED[name]})
     root = tmp_path_factory.mktemp(name)
-    (root / "published").mkdir()
-    (root / "published" / "config.json").write_text(json.dumps(config, indent=2))
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(root / "published"))
+    model = transformers.LlamaForCausalLM(as_hf_config(config, root / "published"))
     perturb(model.eval())
     with torch.no_grad():  # sharper attention: ignoring the llama3 RoPE factors would then exceed 1e-4
         for key, p in model.named_parameters():
             if key.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)
-    ckpt = root / "ckpt"
-    model.save_pretrained(ckpt)
-    (ckpt / "config.json").write_text(json.dumps(config, indent=2))  # the published fields, verbatim
-
-    rng = random.Random(name)
-    ids = [rng.randrange(VOCAB) for _ in range(LENGTH)]
-    ref = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = hf_logits(ref, ids)
-    return name, ckpt, ids, expected
-
-
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_published_config_logits_match_hf(case, tp, tmp_path):
-    name, ckpt, ids, expected = case
-    err = cli_logits_max_error(ckpt, ids, PREFILL, tp, expected, tmp_path / "logits.safetensors")
-    assert err <= FP32_ATOL, f"{name} tp={tp}: max abs error {err:.3g}"
+    model.save_pretrained(root / "ckpt")
+    return logits_case(name, root / "ckpt", config, load_reference, range(VOCAB), LENGTH, PREFILL)

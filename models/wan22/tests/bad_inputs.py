@@ -4,32 +4,16 @@ on the tiny text-to-video checkpoint, from a folder holding ``clips.mp4/`` (a di
 text file) and the command's own ``out.mp4``; ``docs/bad-inputs.md`` renders the list. A ``#`` starts a
 remark that is not part of the command line."""
 
-from trnmodels.core.testing.bad_inputs import BadInput
+from trnmodels.core.testing.bad_inputs import BadInput, numeric_flag_cases
 
 BAD_INPUTS = [
     # Sizes the VAE and the DiT cannot take (checked against the checkpoint's configs before any rank starts).
     BadInput("video", "--num-frames 6", "num_frames=6 is not of the form 4k+1"),
     BadInput("video", "--height 40", "height=40 is not divisible by 16"),
-    BadInput("video", "--steps 0", "argument --steps: expected a positive integer, got 0"),
     BadInput("video", "--width 32.5", "argument --width: expected a positive integer, got '32.5'"),
-    BadInput("video", "--seed -1", "argument --seed: expected an integer seed in [0, 2**64 - 1], got -1"),
-    BadInput(
-        "video",
-        "--seed 18446744073709551616",
-        "argument --seed: expected an integer seed in [0, 2**64 - 1], got 18446744073709551616",
-    ),
-    # Floats: finite and in range (nan compares false with every bound, and used to switch guidance off).
-    BadInput(
-        "video", "--guidance-scale nan", "argument --guidance-scale: expected a finite number in [0, inf]"
-    ),
-    BadInput(
-        "video", "--guidance-scale -1", "argument --guidance-scale: expected a finite number in [0, inf]"
-    ),
-    BadInput("video", "--guidance-scale-2 inf", "argument --guidance-scale-2: expected a finite number"),
-    BadInput("video", "--flow-shift 0", "argument --flow-shift: expected a finite number in (0, inf], got 0"),
-    BadInput(
-        "video", "--flow-shift nan", "argument --flow-shift: expected a finite number in (0, inf], got nan"
-    ),
+    # Every numeric flag: the values just outside what its type accepts (--steps 0, --seed -1, ...). Floats
+    # must be finite too: nan compares false with every bound, and used to switch guidance off.
+    *numeric_flag_cases("video"),
     # The mesh, checked against the checkpoint's component configs before any rank starts.
     BadInput(
         "video",

@@ -27,37 +27,19 @@ from diffusers import (
 )
 
 from trnmodels.core.testing import train_tokenizer
+from trnmodels.wan22.compile import TINY
 
-TINY_DIT = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=16,
-    out_channels=16,
-    text_dim=32,
-    freq_dim=16,
-    ffn_dim=32,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    eps=1e-6,
-    rope_max_seq_len=32,
-)
-TINY_UMT5 = dict(
-    vocab_size=320,
-    d_model=32,
-    d_kv=8,
-    d_ff=48,
-    num_layers=2,
-    num_heads=4,
-    relative_attention_num_buckets=8,
-    relative_attention_max_distance=16,
-    feed_forward_proj="gated-gelu",
-    dropout_rate=0.0,
-)
-TINY_VAE = dict(
-    base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
-)
+
+def bundled_tiny_config(component: str) -> dict[str, Any]:
+    """``component/config.json`` of the plugin's bundled tiny checkpoint (the one ``compile-wan22`` defaults
+    to), without diffusers' bookkeeping keys: the tests' models are built from the same file."""
+    config = json.loads((TINY / component / "config.json").read_text())
+    return {key: value for key, value in config.items() if not key.startswith("_")}
+
+
+TINY_DIT = bundled_tiny_config("transformer")
+TINY_UMT5 = bundled_tiny_config("text_encoder")
+TINY_VAE = bundled_tiny_config("vae")
 BOUNDARY_RATIO = 0.875
 FLOW_SHIFT = 3.0
 # A small video every test can afford: 5 frames of 32x32 -> latents [16, 2, 4, 4] -> 8 DiT tokens.
@@ -83,7 +65,7 @@ def build_dit(seed: int, **overrides) -> WanTransformer3DModel:
 
 def build_umt5(seed: int = 0) -> transformers.UMT5EncoderModel:
     torch.manual_seed(seed)
-    model = transformers.UMT5EncoderModel(transformers.UMT5Config(**TINY_UMT5)).eval()
+    model = transformers.UMT5EncoderModel(transformers.UMT5Config.from_dict(TINY_UMT5)).eval()
     perturb_norms(model)
     return model
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from trnmodels.core.parallel.launch import run_on_ranks
-from trnmodels.core.testing.published import published_config, shrink
+from trnmodels.core.testing.published import FP32_ATOL, published_config, shrink
 from trnmodels.wan22.pipeline_t2v import Wan22Pipeline
 from trnmodels.wan22.transformer import WanDiT, WanDiTConfig
 
@@ -40,7 +40,7 @@ SIZES = dict(
     text_dim=TINY_UMT5["d_model"],  # the text encoder is not verbatim: its width sets text_dim
 )
 DIT_CONFIG = shrink(published_config(PUBLISHED), SIZES)
-DIT_TOL = dict(rtol=0, atol=1e-4)  # FP32: max abs difference
+DIT_TOL = dict(rtol=0, atol=FP32_ATOL)  # max abs difference
 
 
 @pytest.fixture(scope="module")

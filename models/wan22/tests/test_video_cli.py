@@ -20,39 +20,42 @@ from trnmodels.core.testing.bad_inputs import BadInput, check_one_line_error
 
 from .bad_inputs import BAD_INPUTS
 
-ARGS = dict(num_frames=5, height=32, width=32, steps=2, seed=7, guidance_scale=4.0, guidance_scale_2=3.0)
-PROMPT, NEGATIVE = "a red fox running through snow", "blurry"
+# The reference call in diffusers' own argument names (the seed goes in as a generator). The CLI's flags
+# are derived from these names (FLAGS names the one that differs), so both sides run the same request.
+PROMPTS = dict(prompt="a red fox running through snow", negative_prompt="blurry")
+SIZE = dict(num_frames=5, height=32, width=32)
+CALL = dict(**PROMPTS, **SIZE, num_inference_steps=2, guidance_scale=4.0, guidance_scale_2=3.0)
+SEED = 7
+FLAGS = {"num_inference_steps": "--steps"}
 
 
-def cli_args(checkpoint, out_dir, *extra: str) -> list[str]:
-    args = ["video", str(checkpoint), "--prompt", PROMPT, "--negative-prompt", NEGATIVE]
-    for key, value in ARGS.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return [
-        *args,
-        "--out",
-        str(out_dir / "out.mp4"),
-        "--latents-out",
-        str(out_dir / "latents.safetensors"),
-        *extra,
-    ]
+def cli_args(checkpoint, out_dir, *extra: str, **call) -> list[str]:
+    """``trnmodels video`` with ``CALL`` (some arguments replaced by ``call``) and ``SEED``, writing
+    ``out.mp4`` and ``latents.safetensors`` into ``out_dir``; ``extra`` flags go last."""
+    args = ["video", str(checkpoint), "--seed", str(SEED)]
+    for name, value in {**CALL, **call}.items():
+        args += [FLAGS.get(name, "--" + name.replace("_", "-")), str(value)]
+    outputs = ["--out", str(out_dir / "out.mp4"), "--latents-out", str(out_dir / "latents.safetensors")]
+    return [*args, *outputs, *extra]
+
+
+def reference_output(pipe: WanPipeline, output_type: str, **call) -> torch.Tensor:
+    """diffusers' frames (or latents) for ``CALL`` with some arguments replaced by ``call``."""
+    generator = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        return pipe(**{**CALL, **call}, generator=generator, output_type=output_type).frames
+
+
+def reference_pipeline(tiny_t2v, **replace) -> WanPipeline:
+    """diffusers' WanPipeline on the checkpoint's components, some replaced (the fixture stays as it is)."""
+    pipe = WanPipeline.from_pipe(tiny_t2v.reference, **replace)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 @pytest.fixture(scope="module")
 def reference_latents(tiny_t2v) -> torch.Tensor:
-    with torch.no_grad():
-        return tiny_t2v.reference(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            num_frames=ARGS["num_frames"],
-            height=ARGS["height"],
-            width=ARGS["width"],
-            num_inference_steps=ARGS["steps"],
-            guidance_scale=ARGS["guidance_scale"],
-            guidance_scale_2=ARGS["guidance_scale_2"],
-            generator=torch.Generator().manual_seed(ARGS["seed"]),
-            output_type="latent",
-        ).frames
+    return reference_output(tiny_t2v.reference, "latent")
 
 
 def test_video_matches_diffusers_and_writes_a_playable_mp4(tiny_t2v, reference_latents, tmp_path, capsys):
@@ -67,39 +70,6 @@ def test_video_matches_diffusers_and_writes_a_playable_mp4(tiny_t2v, reference_l
     video = iio.imread(tmp_path / "out.mp4", plugin="FFMPEG")  # decodes with ffmpeg: the file plays
     assert video.shape == (5, 32, 32, 3)
     assert not list(tmp_path.glob("*.partial*"))
-
-
-def reference_pipeline(tiny_t2v, **replace) -> WanPipeline:
-    """diffusers' WanPipeline on the checkpoint's components, some replaced (the fixture stays as it is)."""
-    ref = tiny_t2v.reference
-    components = dict(
-        tokenizer=ref.tokenizer,
-        text_encoder=ref.text_encoder,
-        vae=ref.vae,
-        scheduler=ref.scheduler,
-        transformer=ref.transformer,
-        transformer_2=ref.transformer_2,
-    )
-    pipe = WanPipeline(**{**components, **replace}, boundary_ratio=ref.config.boundary_ratio)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def reference_output(pipe: WanPipeline, output_type: str, **video) -> torch.Tensor:
-    args = {**ARGS, **video}
-    with torch.no_grad():
-        return pipe(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            num_frames=args["num_frames"],
-            height=args["height"],
-            width=args["width"],
-            num_inference_steps=args["steps"],
-            guidance_scale=args["guidance_scale"],
-            guidance_scale_2=args["guidance_scale_2"],
-            generator=torch.Generator().manual_seed(args["seed"]),
-            output_type=output_type,
-        ).frames
 
 
 def test_flow_shift_matches_diffusers_with_that_shift(tiny_t2v, reference_latents, tmp_path):
@@ -132,19 +102,12 @@ def run_capturing_frames(monkeypatch, args: list[str]) -> tuple[torch.Tensor, to
     return load_file(latents_path)["latents"], captured[0]
 
 
-def tiled_args(tiny_t2v, out_dir, *extra: str) -> list[str]:
-    args = cli_args(tiny_t2v.path, out_dir, *extra)
-    for key, value in TILED.items():
-        args[args.index(f"--{key}") + 1] = str(value)
-    return args
-
-
 @pytest.fixture(scope="module")
 def tiled_run(tiny_t2v, tmp_path_factory):
     monkeypatch = pytest.MonkeyPatch()
     try:
         return run_capturing_frames(
-            monkeypatch, tiled_args(tiny_t2v, tmp_path_factory.mktemp("tiled"), "--vae-tiling")
+            monkeypatch, cli_args(tiny_t2v.path, tmp_path_factory.mktemp("tiled"), "--vae-tiling", **TILED)
         )
     finally:
         monkeypatch.undo()
@@ -169,7 +132,7 @@ def test_vae_patch_parallel_and_ring_attention_on_two_ranks_equal_one_rank(
     """One 2-rank run for both options: CP=2 with the ring required (the DiT), and the decode's two tiles
     spread over both ranks (the VAE)."""
     extra = ("--vae-tiling", "--vae-patch-parallel", "2", "--cp", "2", "--ring-attention")
-    latents, frames = run_capturing_frames(monkeypatch, tiled_args(tiny_t2v, tmp_path, *extra))
+    latents, frames = run_capturing_frames(monkeypatch, cli_args(tiny_t2v.path, tmp_path, *extra, **TILED))
     torch.testing.assert_close(latents, tiled_run[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(frames, tiled_run[1], rtol=1e-4, atol=1e-5)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 SEED_RANGE = (0, (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
 
@@ -47,30 +47,46 @@ def seed(text: str) -> int:
     return value
 
 
-def finite_float(
-    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
-) -> Callable[[str], float]:
-    """A float type accepting finite values in ``[low, high]`` (``low_open``/``high_open`` exclude the end)."""
-    left = "(" if low_open else "["
-    right = ")" if high_open else "]"
-    span = f" in {left}{'-inf' if low is None else low}, {'inf' if high is None else high}{right}"
-    accepted = "a finite number" + (span if low is not None or high is not None else "")
+@dataclass(frozen=True)
+class FiniteFloat:
+    """A float type accepting finite values in ``[low, high]`` (``low_open``/``high_open`` exclude the end;
+    a missing bound is infinite). The bounds stay readable, so tests can probe the edges a flag refuses."""
 
-    def parse(text: str) -> float:
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    __name__ = "finite float"  # argparse names the type in some messages
+
+    @property
+    def accepted(self) -> str:
+        if self.low is None and self.high is None:
+            return "a finite number"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        low = "-inf" if self.low is None else self.low
+        high = "inf" if self.high is None else self.high
+        return f"a finite number in {left}{low}, {high}{right}"
+
+    def __call__(self, text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {self.accepted}, got {text!r}") from None
         if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text}")
-        too_low = low is not None and (value <= low if low_open else value < low)
-        too_high = high is not None and (value >= high if high_open else value > high)
+            raise argparse.ArgumentTypeError(f"expected {self.accepted}, got {text}")
+        low, high = self.low, self.high
+        too_low = low is not None and (value <= low if self.low_open else value < low)
+        too_high = high is not None and (value >= high if self.high_open else value > high)
         if too_low or too_high:
-            raise argparse.ArgumentTypeError(f"expected {accepted}, got {value:g}")
+            raise argparse.ArgumentTypeError(f"expected {self.accepted}, got {value:g}")
         return value
 
-    parse.__name__ = "finite float"  # argparse names the type in some messages
-    return parse
+
+def finite_float(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> FiniteFloat:
+    """A float type accepting finite values in ``[low, high]`` (``low_open``/``high_open`` exclude the end)."""
+    return FiniteFloat(low, high, low_open, high_open)
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -15,6 +17,7 @@ from .attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
 from .errors import ConfigError, ShardingError
 from .hf_config import CONFIG_NAME, load_hf_config, read_config_dict
 from .kv_cache import KVSpec
+from .modules.norm import RMSNorm
 from .modules.rotary import RotaryEmbedding
 from .neuron.adapters import register_configured_adapters
 from .parallel import (
@@ -26,7 +29,7 @@ from .parallel import (
 )
 from .plugins import ModelPlugin, plugin_for_architecture
 from .runtime_config import NeuronConfig
-from .weights import KeyDict, KeyMap, SafetensorsCheckpoint, identity_keys, load_parameters, prefixed
+from .weights import KeyDict, KeyMap, identity_keys, load_checkpoint_dir, prefixed
 
 
 @runtime_checkable
@@ -56,37 +59,50 @@ class CausalLM(Protocol):
     def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None: ...
 
 
-class DecoderConfig(Protocol):
+class CausalLMConfig(Protocol):
     """What ``PagedCausalLM`` reads from a plugin's config dataclass."""
 
     vocab_size: int
     hidden_size: int
+    rms_norm_eps: float
     tie_word_embeddings: bool
     dtype: torch.dtype
     block_size: int
+
+
+@dataclass(frozen=True)
+class DecoderStep:
+    """The inputs of one forward the per-layer inputs are computed from (flat tokens, their positions,
+    the global rank)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    rank: torch.Tensor
 
 
 class PagedCausalLM(nn.Module):
     """What every decoder-only plugin model repeats, so a model file holds only its math.
 
     It owns the config, the TP group and layout, the vocab-parallel embedding, the LM head (tied to the
-    embedding when ``tie_word_embeddings``), the decoder ``layers`` and the final ``norm`` it is given,
+    embedding when ``tie_word_embeddings``), the decoder ``layers`` and the final ``norm`` it is given
+    (default: an RMSNorm with the config's ``rms_norm_eps``),
     and the standard checkpoint layout: ``{prefix}embed_tokens.weight``, ``{prefix}norm.weight``,
     ``lm_head.weight`` (absent when tied) and each layer's own ``checkpoint_keys(f"{prefix}layers.{i}.")``.
 
-    Given a ``rotary`` embedding, ``forward`` is the standard decoder: ``embed``, one RoPE table for every
-    layer, ``layer(x, cos, sin, attn_metadata, rank)`` in order, the final norm. A model built otherwise
-    overrides ``forward``, starting from ``embed`` (which indexes the vocab split by the TP coordinate of
-    the global rank, so EP ranks are right too). A subclass extends ``checkpoint_keys()`` for parameters
+    ``forward`` is the standard decoder: ``embed``, then ``layer(x, *inputs, attn_metadata, rank)`` for
+    each layer and its ``layer_inputs`` (given a ``rotary`` embedding: the one RoPE table ``(cos, sin)``),
+    then the final norm. A model scales its embedding by overriding ``embed`` (which indexes the vocab
+    split by the TP coordinate of the global rank, so EP ranks are right too) and feeds its layers more by
+    overriding ``layer_inputs``. A subclass extends ``checkpoint_keys()`` for parameters
     outside the standard layout, overrides ``ignored_checkpoint_keys()`` for keys it deliberately leaves
     unread, and ``compute_logits`` if its logits need more than the head.
     """
 
     def __init__(
         self,
-        config: DecoderConfig,
+        config: CausalLMConfig,
         layers: Iterable[nn.Module],
-        norm: nn.Module,
+        norm: nn.Module | None = None,
         *,
         rotary: RotaryEmbedding | None = None,
         checkpoint_prefix: str = "model.",
@@ -99,7 +115,9 @@ class PagedCausalLM(nn.Module):
         self.checkpoint_prefix = checkpoint_prefix
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=config.dtype)
         self.layers = nn.ModuleList(layers)
-        self.norm = norm
+        self.norm = (
+            norm if norm is not None else RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=config.dtype)
+        )
         self.rotary = rotary
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=config.dtype)
         if config.tie_word_embeddings:
@@ -120,16 +138,22 @@ class PagedCausalLM(nn.Module):
         attn_metadata: AttentionMetadata,
         rank: torch.Tensor,
     ) -> torch.Tensor:
+        x = self.embed(input_ids, rank)
+        step = DecoderStep(input_ids, positions, rank)
+        for layer, inputs in zip(self.layers, self.layer_inputs(step, x), strict=True):
+            x = layer(x, *inputs, attn_metadata, rank)
+        return self.norm(x)
+
+    def layer_inputs(self, step: DecoderStep, x: torch.Tensor) -> Iterable[tuple[Any, ...]]:
+        """What each layer takes between the hidden states and ``(attn_metadata, rank)``: by default the
+        RoPE table ``(cos, sin)`` every layer shares. A model with per-layer inputs (RoPE per layer type,
+        per-layer embeddings) overrides this."""
         if self.rotary is None:
             raise NotImplementedError(
                 f"{type(self).__name__}: the standard forward needs the rotary embedding shared by every "
-                "layer (pass rotary= to PagedCausalLM.__init__), or the model overrides forward"
+                "layer (pass rotary= to PagedCausalLM.__init__), or the model overrides layer_inputs"
             )
-        x = self.embed(input_ids, rank)
-        cos, sin = self.rotary(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn_metadata, rank)
-        return self.norm(x)
+        return itertools.repeat(self.rotary(step.positions, x.dtype), len(self.layers))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -155,16 +179,8 @@ class PagedCausalLM(nn.Module):
         return ()
 
     def load_weights(self, checkpoint_dir: str | Path, progress: bool = True) -> None:
-        with SafetensorsCheckpoint(checkpoint_dir) as checkpoint:
-            load_parameters(
-                self,
-                checkpoint,
-                self.checkpoint_keys(),
-                rank=self.tp.rank,
-                world_size=self.tp.world_size,
-                ignore=self.ignored_checkpoint_keys(),
-                progress=progress,
-            )
+        keys, ignore = self.checkpoint_keys(), self.ignored_checkpoint_keys()
+        load_checkpoint_dir(self, checkpoint_dir, keys, self.tp, ignore=ignore, progress=progress)
 
 
 def resolve_checkpoint(checkpoint_dir: str | Path) -> tuple[ModelPlugin, PretrainedConfig]:

@@ -1,6 +1,6 @@
 """The standard dense decoder's config (Llama's shape) and the checks every plugin runs before building.
 
-A dense plugin whose checkpoints use the common HF fields (hidden size, heads, KV heads, head_dim, RoPE,
+A plugin whose checkpoints use the common HF fields (hidden size, heads, KV heads, head_dim, RoPE,
 RMSNorm eps, tying, biases, a gated MLP activation) reads them with ``DenseDecoderConfig.from_configs``
 and validates them with ``validate_dense``; a model with more fields keeps a config of its own.
 """
@@ -45,10 +45,12 @@ def refuse_quantization(
 
 
 @dataclass(frozen=True)
-class DenseDecoderConfig:
+class DecoderConfig:
+    """What every decoder reads for its embedding, attention, norms and head, and how it runs (TP degree,
+    dtype, KV block size). A model config adds its MLP's fields (``DenseDecoderConfig``, or an MoE's)."""
+
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -57,21 +59,19 @@ class DenseDecoderConfig:
     rope: RopeConfig
     tie_word_embeddings: bool
     attention_bias: bool
-    mlp_bias: bool
-    hidden_act: str
     tp_degree: int
     dtype: torch.dtype
     block_size: int
 
-    @classmethod
-    def from_configs(cls, hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> DenseDecoderConfig:
+    @staticmethod
+    def common_fields(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> dict[str, Any]:
+        """This dataclass's fields from the standard HF names (a subclass's ``from_configs`` adds its own)."""
         num_heads = hf_config.num_attention_heads
         # Llama 3.2 and later publish head_dim explicitly; it need not equal hidden_size / heads.
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-        return cls(
+        return dict(
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
-            intermediate_size=hf_config.intermediate_size,
             num_layers=hf_config.num_hidden_layers,
             num_heads=num_heads,
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
@@ -80,11 +80,25 @@ class DenseDecoderConfig:
             rope=RopeConfig.from_hf(hf_config, head_dim),
             tie_word_embeddings=bool(hf_config.tie_word_embeddings),
             attention_bias=bool(getattr(hf_config, "attention_bias", False)),
-            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
-            hidden_act=hf_config.hidden_act,
             tp_degree=neuron_config.tp_degree,
             dtype=neuron_config.dtype,
             block_size=neuron_config.block_size,
+        )
+
+
+@dataclass(frozen=True)
+class DenseDecoderConfig(DecoderConfig):
+    intermediate_size: int
+    mlp_bias: bool
+    hidden_act: str
+
+    @classmethod
+    def from_configs(cls, hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> DenseDecoderConfig:
+        return cls(
+            **cls.common_fields(hf_config, neuron_config),
+            intermediate_size=hf_config.intermediate_size,
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            hidden_act=hf_config.hidden_act,
         )
 
 

@@ -23,6 +23,12 @@ def read_config_dict(checkpoint_dir: str | Path) -> dict[str, Any]:
     path = Path(checkpoint_dir) / CONFIG_NAME
     if not path.is_file():
         raise ConfigError(f"{path}: no {CONFIG_NAME} in checkpoint directory {checkpoint_dir}")
+    return read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding one object; malformed JSON, non-UTF-8 text or another JSON type names the file
+    (and the position)."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -45,6 +45,27 @@ class ModelPlugin:
     # ``model_type`` alone, so a contradicting pair would build the wrong config silently).
     model_types: Mapping[str, str] = field(default_factory=dict, hash=False)
 
+    @classmethod
+    def declare(
+        cls,
+        name: str,
+        model_types: Mapping[str, str],
+        *,
+        factory: str | None = None,
+        required_config_fields: tuple[str, ...] = (),
+    ) -> ModelPlugin:
+        """The plugin of package ``trnmodels.<name>`` (distribution ``trnmodels-<name>``, ``_`` written
+        ``-``) serving each architecture of ``model_types`` (architecture → its config's ``model_type``),
+        built by ``factory`` (default ``trnmodels.<name>.factory:build``)."""
+        return cls(
+            name=name,
+            architectures=tuple(model_types),
+            factory=factory or f"trnmodels.{name}.factory:build",
+            distribution=f"trnmodels-{name.replace('_', '-')}",
+            required_config_fields=required_config_fields,
+            model_types=dict(model_types),
+        )
+
     def check_model_type(self, architecture: str, model_type: object, where: str = "") -> None:
         """Refuse a ``model_type`` that is not the declared one for ``architecture``."""
         expected = self.model_types.get(architecture)

@@ -19,7 +19,7 @@ from .logits import (
     greedy_teacher_sequence,
     hf_logits,
 )
-from .modules import load_from_hf_module
+from .modules import assert_module_bf16_three_way, load_from_hf_module
 from .tasks import TaskReport, task_accuracy
 from .three_way import ThreeWayReport, assert_close_three_way, bhattacharyya, compare_three_way
 from .validate import ValidationReport, validate_checkpoint
@@ -34,6 +34,7 @@ __all__ = [
     "ValidationReport",
     "assert_close_three_way",
     "assert_kv_close",
+    "assert_module_bf16_three_way",
     "bf16_ulp",
     "bhattacharyya",
     "compare_teacher_forced_logits",

@@ -7,6 +7,7 @@
 - ``trnmodels video CHECKPOINT_DIR --prompt TEXT ... --out OUT.mp4`` (see ``video``)
 - ``trnmodels real-weights [NAME] [--out DIR] [--rebuild]`` (see ``real_weights``)
 - ``trnmodels info``
+- ``trnmodels diff A B`` (Step 0 of a port, the architecture diff; see ``diff``)
 
 ``--ep`` splits MoE experts over ranks; a run uses ``tp * ep`` local ranks.
 
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from ..errors import TrnModelsError
 from .compile import add_compile_parser
+from .diff import add_diff_parser
 from .generate import add_generate_parser
 from .info import add_info_parser
 from .logits import add_logits_parser
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_video_parser,
         add_real_weights_parser,
         add_info_parser,
+        add_diff_parser,
     ):
         add_parser(sub)
     return parser

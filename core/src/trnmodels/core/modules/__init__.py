@@ -1,5 +1,6 @@
 """Reusable model modules built on the functional ops and the parallel layers."""
 
+from .decoder_layer import PreNormDecoderLayer
 from .mlp import GatedMLP
 from .moe import ExpertsCheckpointFormat, MoEExperts, experts_per_rank, per_expert_keys
 from .norm import LayerNorm, RMSNorm
@@ -11,6 +12,7 @@ __all__ = [
     "GatedMLP",
     "LayerNorm",
     "MoEExperts",
+    "PreNormDecoderLayer",
     "RMSNorm",
     "RotaryEmbedding",
     "SelfAttention",

@@ -28,16 +28,17 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rank: torch.Tensor | None = None) -> torch.Tensor:
+        """``rank`` is unused: a dense MLP is the same on every rank (a routed one picks experts by it)."""
         local = ops.gated_mlp(
             x, self.gate_up_proj.weight, self.down_proj.weight, self.act, self.gate_up_proj.bias
         )
         out = self.down_proj.tp.all_reduce(local)
         return out + self.down_proj.bias if self.down_proj.bias is not None else out
 
-    @staticmethod
-    def checkpoint_keys(prefix: str, bias: bool = False) -> dict[str, str | list[str]]:
+    def checkpoint_keys(self, prefix: str) -> dict[str, str | list[str]]:
         """The HF layout: separate ``gate_proj``, ``up_proj`` and ``down_proj`` under ``prefix``."""
+        bias = self.down_proj.bias is not None
         keys: dict[str, str | list[str]] = {
             "gate_up_proj.weight": [f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"],
             "down_proj.weight": f"{prefix}down_proj.weight",

@@ -6,6 +6,9 @@ chat template so serving tests can use the chat endpoint.
 
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -77,11 +80,12 @@ def save_random_checkpoint(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir)
+    text = config.get_text_config()  # a multimodal config keeps its vocabulary and special ids here
     tokenizer = None
     if with_tokenizer:
-        tokenizer = train_tokenizer(vocab_size=config.vocab_size)
+        tokenizer = train_tokenizer(vocab_size=text.vocab_size)
         specials = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        declared = (config.bos_token_id, config.eos_token_id, config.pad_token_id)
+        declared = (text.bos_token_id, text.eos_token_id, text.pad_token_id)
         if specials != declared:
             raise ValueError(
                 f"{config_dir}/config.json: bos/eos/pad_token_id {declared} must be {specials} to match "
@@ -89,3 +93,50 @@ def save_random_checkpoint(
             )
     torch.manual_seed(seed)
     return save_checkpoint(AutoModelForCausalLM.from_config(config, dtype=torch.float32), out_dir, tokenizer)
+
+
+# What gpt-oss publishes unquantized: attention, the router, the embedding and the head.
+GPT_OSS_UNQUANTIZED = (
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+)
+
+
+def quantize_checkpoint_mxfp4(
+    src: str | Path,
+    dst: str | Path,
+    weights: Collection[str] = ("gate_up_proj", "down_proj"),
+    modules_to_not_convert: Sequence[str] = GPT_OSS_UNQUANTIZED,
+) -> Path:
+    """A copy of a saved checkpoint whose ``weights`` (the last component of a key) are stored as MXFP4
+    ``*_blocks``/``*_scales`` pairs in one file, with the ``quantization_config`` that says so: the layout
+    gpt-oss is published in. Tokenizer and other files are copied as they are."""
+    from safetensors.torch import load_file, save_file
+
+    from ..quant import quantize_mxfp4
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True)
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        for key, value in load_file(file).items():
+            if key.rsplit(".", 1)[-1] in weights:
+                tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = quantize_mxfp4(value.float())
+            else:
+                tensors[key] = value
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": list(modules_to_not_convert),
+    }
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for extra in src.iterdir():
+        if extra.suffix != ".safetensors" and extra.name not in (
+            "config.json",
+            "model.safetensors.index.json",
+        ):
+            shutil.copy2(extra, dst / extra.name)
+    return dst

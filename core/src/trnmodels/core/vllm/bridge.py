@@ -22,6 +22,7 @@ from ..attention import AttentionMetadata
 from ..causal_lm import CausalLM
 from ..errors import ConfigError, InputError, ShardingError
 from ..hf_config import load_hf_config
+from ..neuron.adapters import register_configured_adapters
 from ..parallel.state import get_tp_group, init_parallel_state
 from ..runtime_config import NeuronConfig
 from .attention import swap_attention
@@ -61,6 +62,9 @@ class TrnmodelsForCausalLM(nn.Module):
             block_size=vllm_config.cache_config.block_size,
             max_model_len=model_config.max_model_len,
         )
+        # As build_model: the NKI adapters TRNMODELS_NKI_ADAPTERS names (none bind without the Neuron SDK,
+        # but a name that is no adapter fails here as it does there).
+        register_configured_adapters()
         self.model: CausalLM = self.plugin.load_factory()(hf_config, neuron_config)
         self.attention_layers = swap_attention(self.model, vllm_config, f"{prefix}model.")
         self.register_buffer(

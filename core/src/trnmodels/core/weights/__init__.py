@@ -7,6 +7,7 @@ from .load import (
     KeyMap,
     check_key_coverage,
     identity_keys,
+    load_checkpoint_dir,
     load_parameters,
     prefixed,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "fused_qkv",
     "identity_keys",
     "kv_head_for_rank",
+    "load_checkpoint_dir",
     "load_parameters",
     "padded_rows",
     "prefixed",

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
-from .checkpoint import Checkpoint, CheckpointTensor, first_names
+from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, first_names
 from .loaders import get_weight_loader
 
 KeyMap = Mapping[str, str | list[str]]
@@ -145,3 +147,37 @@ def load_parameters(
                 )
             _check_float_storage(name, param, tensors, value)
             param.copy_(value.to(param.dtype))
+
+
+class RankInGroup(Protocol):
+    """Where this process sits in the group a module is sharded over (a TP group handle)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+
+def load_checkpoint_dir(
+    module: torch.nn.Module,
+    checkpoint_dir: str | Path,
+    mapping: KeyMap,
+    group: RankInGroup,
+    *,
+    stem: str = "model",
+    ignore: Iterable[str] = (),
+    progress: bool = True,
+) -> None:
+    """``load_parameters`` from one folder's safetensors files (single or indexed shards, named by
+    ``stem``), each rank reading its slice for its place in ``group``; the files are closed after."""
+    with SafetensorsCheckpoint(checkpoint_dir, stem=stem) as checkpoint:
+        load_parameters(
+            module,
+            checkpoint,
+            mapping,
+            rank=group.rank,
+            world_size=group.world_size,
+            ignore=ignore,
+            progress=progress,
+        )

@@ -9,10 +9,6 @@ from trnmodels.core.plugins import ModelPlugin
 
 __version__ = "0.1.0"
 
-PLUGIN = ModelPlugin(
-    name="gemma4",
-    architectures=("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
-    factory="trnmodels.gemma4.factory:build",
-    distribution="trnmodels-gemma4",
-    model_types={"Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4_text"},
+PLUGIN = ModelPlugin.declare(
+    "gemma4", {"Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4_text"}
 )

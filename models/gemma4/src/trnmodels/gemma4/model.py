@@ -21,7 +21,7 @@ from torch import nn
 
 from trnmodels.core import ops
 from trnmodels.core.attention import AttentionMetadata
-from trnmodels.core.causal_lm import PagedCausalLM
+from trnmodels.core.causal_lm import DecoderStep, PagedCausalLM
 from trnmodels.core.modules import (
     ExpertsCheckpointFormat,
     GatedMLP,
@@ -157,9 +157,9 @@ class Gemma4DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         rope: CosSin,
+        per_layer_input: torch.Tensor | None,
         meta: AttentionMetadata,
         rank: torch.Tensor,
-        per_layer_input: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), *rope, meta))
         h = self.mlp(self.pre_feedforward_layernorm(x))
@@ -184,7 +184,7 @@ class Gemma4DecoderLayer(nn.Module):
         keys: KeyDict = {f"{n}.weight": f"{prefix}{n}.weight" for n in norms}
         keys["layer_scalar"] = f"{prefix}layer_scalar"
         keys.update(prefixed("self_attn.", self.self_attn.checkpoint_keys(f"{prefix}self_attn.")))
-        keys.update(prefixed("mlp.", GatedMLP.checkpoint_keys(f"{prefix}mlp.")))
+        keys.update(prefixed("mlp.", self.mlp.checkpoint_keys(f"{prefix}mlp.")))
         if self.moe:
             keys.update(prefixed("router.", Gemma4Router.checkpoint_keys(f"{prefix}router.")))
             keys["experts.gate_up"] = f"{prefix}experts.gate_up_proj"
@@ -244,20 +244,19 @@ class Gemma4ForCausalLM(PagedCausalLM):
         self.per_layer = PerLayerEmbeddings(cfg) if cfg.hidden_size_per_layer_input else None
         self.rotary = nn.ModuleDict({t: RotaryEmbedding(rope) for t, rope in cfg.rope.items()})
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
-        rank: torch.Tensor,
-    ) -> torch.Tensor:
-        x = self.embed(input_ids, rank) * self.embed_scale
-        per_layer = self.per_layer(input_ids, x, self.tp_rank(rank)) if self.per_layer is not None else None
-        rope = {t: rotary(positions, x.dtype) for t, rotary in self.rotary.items()}
-        for i, layer in enumerate(self.layers):
-            ple = per_layer[:, i] if per_layer is not None else None
-            x = layer(x, rope[layer.layer_type], attn_metadata, rank, ple)
-        return self.norm(x)
+    def embed(self, input_ids: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        return super().embed(input_ids, rank) * self.embed_scale
+
+    def layer_inputs(self, step: DecoderStep, x: torch.Tensor) -> list[tuple[CosSin, torch.Tensor | None]]:
+        """Each layer's RoPE table (by its layer type) and its slice of the per-layer embeddings."""
+        per_layer = (
+            self.per_layer(step.input_ids, x, self.tp_rank(step.rank)) if self.per_layer is not None else None
+        )
+        rope = {t: rotary(step.positions, x.dtype) for t, rotary in self.rotary.items()}
+        return [
+            (rope[layer.layer_type], per_layer[:, i] if per_layer is not None else None)
+            for i, layer in enumerate(self.layers)
+        ]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

@@ -16,16 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from trnmodels.core import ops
-from trnmodels.core.attention import AttentionMetadata
 from trnmodels.core.causal_lm import PagedCausalLM
 from trnmodels.core.modules import (
     ExpertsCheckpointFormat,
     MoEExperts,
-    RMSNorm,
+    PreNormDecoderLayer,
     RotaryEmbedding,
     SelfAttention,
 )
-from trnmodels.core.weights import KeyDict, prefixed
+from trnmodels.core.weights import KeyDict
 
 from .config import GptOssConfig
 
@@ -74,41 +73,13 @@ class GptOssMoE(nn.Module):
         }
 
 
-class GptOssDecoderLayer(nn.Module):
+class GptOssDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: GptOssConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.self_attn = SelfAttention.for_layer(
-            cfg, layer_idx, sliding_window=cfg.window(layer_idx), sinks=True
-        )
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.mlp = GptOssMoE(cfg)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        rank: torch.Tensor,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
-        return x + self.mlp(self.post_attention_layernorm(x), rank)
-
-    def checkpoint_keys(self, prefix: str) -> KeyDict:
-        return {
-            "input_layernorm.weight": f"{prefix}input_layernorm.weight",
-            "post_attention_layernorm.weight": f"{prefix}post_attention_layernorm.weight",
-            **prefixed("self_attn.", self.self_attn.checkpoint_keys(f"{prefix}self_attn.")),
-            **prefixed("mlp.", self.mlp.checkpoint_keys(f"{prefix}mlp.")),
-        }
+        attn = SelfAttention.for_layer(cfg, layer_idx, sliding_window=cfg.window(layer_idx), sinks=True)
+        super().__init__(cfg, attn, GptOssMoE(cfg))
 
 
 class GptOssForCausalLM(PagedCausalLM):
     def __init__(self, cfg: GptOssConfig):
-        super().__init__(
-            cfg,
-            (GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers)),
-            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype),
-            rotary=RotaryEmbedding(cfg.rope),
-        )
+        layers = (GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        super().__init__(cfg, layers, rotary=RotaryEmbedding(cfg.rope))

@@ -15,33 +15,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import transformers
 
 from trnmodels.core.accuracy import ValidationReport, validate_checkpoint
 from trnmodels.core.argtypes import positive_int
 from trnmodels.core.runner.config import SamplingParams
 from trnmodels.core.runner.generate import generate_texts
-from trnmodels.core.testing import save_checkpoint, train_tokenizer
+from trnmodels.core.testing import save_random_checkpoint
 
 # A Llama 3.1-shaped config at toy scale (GQA, llama3 rope scaling, an explicit head_dim, untied head),
 # also what `nox -s compile-llama3` compiles when given no checkpoint.
 TINY_CONFIG_DIR = Path(__file__).parent / "tiny"
-
-
-def build_demo_checkpoint(out_dir: Path, seed: int = 0) -> transformers.PreTrainedTokenizerFast:
-    """Random weights for the bundled tiny config, and a tokenizer trained here whose special tokens
-    match the config's BOS/EOS/PAD ids."""
-    config = transformers.LlamaConfig.from_pretrained(TINY_CONFIG_DIR)
-    tokenizer = train_tokenizer(vocab_size=config.vocab_size)
-    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (
-        config.bos_token_id,
-        config.eos_token_id,
-        config.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    save_checkpoint(transformers.LlamaForCausalLM(config), out_dir, tokenizer)
-    return tokenizer
 
 
 CHAT_PROMPTS = (
@@ -92,7 +76,8 @@ def run_real(args: argparse.Namespace) -> int:
 def run_tiny(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="trnmodels-demo-") as tmp:
         checkpoint = Path(tmp) / "tiny-llama3"
-        tokenizer = build_demo_checkpoint(checkpoint)
+        save_random_checkpoint(TINY_CONFIG_DIR, checkpoint)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
         prompt_ids = tokenizer(args.prompt)["input_ids"]
         print(f"tiny random Llama 3 checkpoint: {checkpoint}")
         report = _report(checkpoint, prompt_ids, args.new_tokens, args.tp)

@@ -9,45 +9,21 @@ so they need no key mapping of their own.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from trnmodels.core.attention import AttentionMetadata
 from trnmodels.core.causal_lm import PagedCausalLM
 from trnmodels.core.decoder_config import DenseDecoderConfig
-from trnmodels.core.modules import GatedMLP, RMSNorm, RotaryEmbedding, SelfAttention
+from trnmodels.core.modules import GatedMLP, PreNormDecoderLayer, RotaryEmbedding, SelfAttention
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: DenseDecoderConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.self_attn = SelfAttention.for_layer(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.mlp = GatedMLP(
-            cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, dtype=cfg.dtype
-        )
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        rank: torch.Tensor | None = None,  # dense: every rank computes the same layer
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, dtype=cfg.dtype)
+        super().__init__(cfg, SelfAttention.for_layer(cfg, layer_idx), mlp)
 
 
 class LlamaForCausalLM(PagedCausalLM):
     def __init__(self, cfg: DenseDecoderConfig):
-        super().__init__(
-            cfg,
-            (LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers)),
-            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype),
-            rotary=RotaryEmbedding(cfg.rope),
-        )
+        layers = (LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        super().__init__(cfg, layers, rotary=RotaryEmbedding(cfg.rope))
 
     def ignored_checkpoint_keys(self) -> tuple[str, ...]:
         # Older exports carry RoPE tables; they are recomputed from the config, never loaded.

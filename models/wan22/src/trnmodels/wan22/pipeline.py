@@ -5,7 +5,7 @@ WanPipeline)``), like ``CFGParallelMixin`` which it extends, so its methods repl
 have one. It holds every piece of our work both pipelines run: construction from a checkpoint directory
 (each rank loading its own slices), the request checks a launcher makes before starting ranks, the
 per-component compile, the input checks, the CFG-parallel denoising loop with the expert switch, and the
-decode. A subclass adds diffusers' ``__init__`` arguments it takes and its ``__call__``.
+decode. A subclass adds its ``__call__``.
 
 The denoising loop, reading top to bottom: at each timestep ``t`` the high-noise expert ``transformer``
 runs while ``t >= boundary_ratio * num_train_timesteps`` with ``guidance_scale``, then the low-noise
@@ -196,18 +196,25 @@ class Wan22PipelineBase(CFGParallelMixin):
     # Image-to-video compiles the VAE encoder too; a launcher requires --image for it.
     conditions_on_image: ClassVar[bool]
 
-    def finish_init(self, vae: Wan22VAE | None) -> None:
-        """After diffusers' ``__init__``: no progress bars, and the VAE's shape facts on every rank."""
-        self.set_progress_bar_config(disable=True)
-        if vae is not None:
-            self.use_vae_config(dict(vae.config))
-
     # --- construction ----------------------------------------------------------------------------
 
-    @staticmethod
-    def check_experts(
-        transformer_2: WanDiT | None, boundary_ratio: float | None, expand_timesteps: bool
-    ) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        text_encoder: UMT5Encoder,
+        vae: Wan22VAE | None,
+        scheduler: UniPCMultistepScheduler,
+        transformer: WanDiT,
+        transformer_2: WanDiT | None = None,
+        boundary_ratio: float | None = None,
+        expand_timesteps: bool = False,
+        *,
+        image_processor: None = None,
+        image_encoder: None = None,
+    ):
+        """Both pipelines take the same components; diffusers' ``__init__`` (next in the MRO) registers
+        them. ``image_processor``/``image_encoder`` are in the signature because diffusers' image-to-video
+        pipeline registers them (``components`` reads the signature); anything but None is refused."""
         if expand_timesteps:
             raise ConfigError(
                 "expand_timesteps=True is the Wan2.2 TI2V-5B layout; only the A14B pipelines are supported"
@@ -216,6 +223,23 @@ class Wan22PipelineBase(CFGParallelMixin):
             raise ConfigError(
                 f"boundary_ratio={boundary_ratio} switches to the low-noise expert, but there is no transformer_2"
             )
+        if image_encoder is not None or image_processor is not None:
+            raise ConfigError(
+                "image_encoder/image_processor are set (Wan2.1-style CLIP image conditioning); Wan2.2 A14B "
+                "conditions on the image through the VAE latents only, and only that is supported"
+            )
+        super().__init__(
+            tokenizer=tokenizer,
+            text_encoder=text_encoder,
+            vae=vae,
+            scheduler=scheduler,
+            transformer=transformer,
+            transformer_2=transformer_2,
+            boundary_ratio=boundary_ratio,
+        )
+        self.set_progress_bar_config(disable=True)
+        if vae is not None:
+            self.use_vae_config(dict(vae.config))
 
     @classmethod
     def from_pretrained(  # type: ignore[override]

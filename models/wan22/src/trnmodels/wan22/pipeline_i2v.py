@@ -16,7 +16,7 @@ import torch
 from diffusers import WanImageToVideoPipeline
 from diffusers.utils.torch_utils import randn_tensor
 
-from trnmodels.core.errors import ConfigError, InputError
+from trnmodels.core.errors import InputError
 from trnmodels.core.parallel import get_world_group
 
 from .pipeline import Wan22PipelineBase
@@ -26,39 +26,6 @@ class Wan22ImageToVideoPipeline(Wan22PipelineBase, WanImageToVideoPipeline):
     """``Wan22ImageToVideoPipeline.from_pretrained(dir, tp=, cfg_parallel=, cp=)(image=..., prompt=...)``."""
 
     conditions_on_image = True
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        text_encoder: Any,
-        vae: Any,
-        scheduler: Any,
-        image_processor: Any = None,
-        image_encoder: Any = None,
-        transformer: Any = None,
-        transformer_2: Any = None,
-        boundary_ratio: float | None = None,
-        expand_timesteps: bool = False,
-    ):
-        self.check_experts(transformer_2, boundary_ratio, expand_timesteps)
-        if image_encoder is not None or image_processor is not None:
-            raise ConfigError(
-                "image_encoder/image_processor are set (Wan2.1-style CLIP image conditioning); Wan2.2 A14B "
-                "conditions on the image through the VAE latents only, and only that is supported"
-            )
-        WanImageToVideoPipeline.__init__(
-            self,
-            tokenizer=tokenizer,
-            text_encoder=text_encoder,
-            vae=vae,
-            scheduler=scheduler,
-            image_processor=None,
-            image_encoder=None,
-            transformer=transformer,
-            transformer_2=transformer_2,
-            boundary_ratio=boundary_ratio,
-        )
-        self.finish_init(vae)
 
     def prepare_latents(  # type: ignore[override]
         self,

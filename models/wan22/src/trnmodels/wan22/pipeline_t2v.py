@@ -13,42 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import UniPCMultistepScheduler, WanPipeline
+from diffusers import WanPipeline
 
 from .pipeline import Wan22PipelineBase
-from .text_encoder import UMT5Encoder
-from .transformer import WanDiT
-from .vae import Wan22VAE
 
 
 class Wan22Pipeline(Wan22PipelineBase, WanPipeline):
     """``Wan22Pipeline.from_pretrained(dir, tp=, cfg_parallel=, cp=, dtype=)(prompt=..., ...)``."""
 
     conditions_on_image = False
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        text_encoder: UMT5Encoder,
-        vae: Wan22VAE | None,
-        scheduler: UniPCMultistepScheduler,
-        transformer: WanDiT,
-        transformer_2: WanDiT | None = None,
-        boundary_ratio: float | None = None,
-        expand_timesteps: bool = False,
-    ):
-        self.check_experts(transformer_2, boundary_ratio, expand_timesteps)
-        WanPipeline.__init__(
-            self,
-            tokenizer=tokenizer,
-            text_encoder=text_encoder,
-            vae=vae,
-            scheduler=scheduler,
-            transformer=transformer,
-            transformer_2=transformer_2,
-            boundary_ratio=boundary_ratio,
-        )
-        self.finish_init(vae)
 
     @torch.no_grad()
     def __call__(  # type: ignore[override]

@@ -40,7 +40,7 @@ from trnmodels.core.parallel import (
     get_parallel_layout,
     get_tp_group,
 )
-from trnmodels.core.weights import SafetensorsCheckpoint, load_parameters, set_weight_loader, sharded
+from trnmodels.core.weights import load_checkpoint_dir, set_weight_loader, sharded
 
 KeyDict = dict[str, str | list[str]]
 
@@ -168,16 +168,8 @@ class UMT5Encoder(nn.Module):
         return model
 
     def load_weights(self, path: str | Path) -> None:
-        with SafetensorsCheckpoint(path) as checkpoint:
-            load_parameters(
-                self,
-                checkpoint,
-                self.checkpoint_keys(),
-                rank=self.tp.rank,
-                world_size=self.tp.world_size,
-                ignore=self.IGNORED_CHECKPOINT_KEYS,
-                progress=False,
-            )
+        keys = self.checkpoint_keys()
+        load_checkpoint_dir(self, path, keys, self.tp, ignore=self.IGNORED_CHECKPOINT_KEYS, progress=False)
 
     @property
     def device(self) -> torch.device:

@@ -51,8 +51,7 @@ from trnmodels.core.parallel import (
 )
 from trnmodels.core.weights import (
     KeyDict,
-    SafetensorsCheckpoint,
-    load_parameters,
+    load_checkpoint_dir,
     prefixed,
     set_weight_loader,
     sharded,
@@ -347,17 +346,9 @@ class WanDiT(nn.Module):
         return model
 
     def load_weights(self, path: str | Path) -> None:
-        with SafetensorsCheckpoint(path, stem="diffusion_pytorch_model") as checkpoint:
-            load_parameters(
-                self,
-                checkpoint,
-                self.checkpoint_keys(),
-                rank=self.tp.rank,
-                world_size=self.tp.world_size,
-                # norm_added_q: a key some exports carry and diffusers ignores on load.
-                ignore=("*norm_added_q*",),
-                progress=False,
-            )
+        keys, stem = self.checkpoint_keys(), "diffusion_pytorch_model"  # diffusers' weights file
+        ignore = ("*norm_added_q*",)  # a key some exports carry and diffusers ignores on load
+        load_checkpoint_dir(self, path, keys, self.tp, stem=stem, ignore=ignore, progress=False)
 
     @property
     def device(self) -> torch.device:
