@@ -36,6 +36,24 @@ def test_malformed_config_json(llama_checkpoint):
         build_model(llama_checkpoint, NeuronConfig())
 
 
+@pytest.mark.parametrize(
+    ("changes", "field", "value"),
+    [
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps", "nan"),
+        ({"rope_theta": float("inf")}, "rope_theta", "inf"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": float("-inf")}}, "rope_theta", "-inf"),
+    ],
+)
+def test_a_non_finite_number_in_config_json_is_refused_naming_file_and_field(
+    llama_checkpoint, changes, field, value
+):
+    # json.dumps writes NaN/Infinity, which Python's json reads back without complaint.
+    edit_config(llama_checkpoint, **changes)
+    path = llama_checkpoint / "config.json"
+    with pytest.raises(ConfigError, match=rf"{path}: (\S+\.)?{field}: expected a finite number, got {value}"):
+        build_model(llama_checkpoint, NeuronConfig())
+
+
 @pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "vocab_size"])
 def test_config_missing_required_field(llama_checkpoint, field):
     edit_config(llama_checkpoint, **{field: None})

@@ -1,4 +1,4 @@
-"""Bad input to ``trnmodels logits``, ``generate`` and ``compile``: data only (see ``test_cli_bad_inputs.py``),
+"""Bad input to ``trnmodels logits``, ``generate``, ``compile`` and ``validate``: data only (see ``test_cli_bad_inputs.py``),
 plus the numeric flags' edge values ``numeric_flag_cases`` generates from each command's argument types.
 
 ``input`` is what the user adds to a run that is otherwise valid; later flags override earlier ones, so
@@ -25,7 +25,7 @@ _MESH = [
     ),
 ]
 
-COMMANDS = ("logits", "generate", "compile")
+COMMANDS = ("logits", "generate", "compile", "validate")
 
 BAD_INPUTS = [
     *(BadInput(command, text, message) for command in COMMANDS for text, message in _MESH),
@@ -52,9 +52,22 @@ BAD_INPUTS = [
     ),
     BadInput("generate", "--prompt LONG_TEXT", "more than max_model_len=128"),
     BadInput("generate", "NAN_WEIGHT_CKPT", "prompt 0, generation step 0: logits at position"),
+    BadInput("generate", "NO_TOKENIZER_CKPT", "no usable tokenizer for text prompts: none of tokenizer.json"),
     # compile
     BadInput("compile", "--cache-dir FILE/cache", "is not writable"),
     BadInput(
         "compile", "--max-num-seqs 4 --num-seqs-buckets 1,2", "largest bucket 2 cannot hold max_num_seqs = 4"
+    ),
+    # validate: the prompt
+    BadInput("validate", "NO_TOKENIZER_CKPT", "no usable tokenizer for text prompts"),
+    BadInput("validate", "--token-ids 1,2,500", "id 500 at position 2 is out of range for vocab size 320"),
+    BadInput(
+        "validate",
+        "--token-ids LONG_IDS",
+        "the prompt's 129 tokens and --new-tokens 2: 131 token ids exceed the model's max_position_embeddings=128",
+    ),
+    BadInput("validate", "--token-ids 1,2 --prefill-len 3", "--prefill-len: expected at most 2"),
+    BadInput(
+        "validate", "--tasks --ep 2", "ep_degree=2: expert parallelism needs a mixture-of-experts model"
     ),
 ]

@@ -15,6 +15,7 @@ import torch.multiprocessing
 from safetensors.torch import load_file, save_file
 
 from trnmodels.core import cli
+from trnmodels.core.runner.generate import TOKENIZER_FILES
 from trnmodels.core.testing import save_random_checkpoint
 from trnmodels.core.testing.bad_inputs import BadInput, check_one_line_error, load_cases
 
@@ -23,6 +24,7 @@ BASE_ARGS = {
     "logits": "--token-ids 1,2,3 --out OUT",
     "generate": "--prompt Hello --max-new-tokens 2 --eager --cache-dir CACHE",
     "compile": "--cache-dir CACHE",
+    "validate": "--new-tokens 2",
 }
 
 
@@ -49,6 +51,7 @@ DEFECTS = {
         c, "model.layers.0.mlp.up_proj.weight", lambda t: t.to(torch.int8)
     ),
     "MODEL_TYPE_GEMMA4_CKPT": lambda c: _set_model_type(c, "gemma4"),
+    "NO_TOKENIZER_CKPT": lambda c: [(c / name).unlink(missing_ok=True) for name in TOKENIZER_FILES],
 }
 
 

@@ -102,6 +102,25 @@ def test_qwen3_needs_qk_norm():
     assert "SelfAttention(qk_norm=...)" in options(r, "attention")
 
 
+def test_a_plugin_reading_a_field_another_model_lacks_says_which_field():
+    # Gemma 4's multimodal config keeps its sizes in text_config; llama3's validation reads them at the top.
+    llama3 = plugin(diff("Llama-3.1-8B", "gemma-4-31B-it"), "llama3")
+    assert "the config has no field 'num_attention_heads', which it reads" in llama3["reason"]
+    assert "AttributeError" not in llama3["reason"]
+
+
+def test_a_non_finite_number_is_one_line_naming_the_field(tmp_path, capsys):
+    config = json.loads((PUBLISHED_DIR / "Llama-3.1-8B" / "config.json").read_text())
+    config["rms_norm_eps"] = float("nan")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["diff", "Llama-3.1-8B", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"trnmodels diff: error: {tmp_path / 'config.json'}: rms_norm_eps: expected a finite number, got nan"
+    )
+
+
 def test_inputs_may_be_a_checkpoint_folder_or_a_config_json_path(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()

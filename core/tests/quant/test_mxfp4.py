@@ -19,6 +19,7 @@ from trnmodels.core.quant import (
     validate_mxfp4,
 )
 from trnmodels.core.testing import quantize_checkpoint_mxfp4, save_checkpoint
+from trnmodels.core.testing.published import published_config
 from trnmodels.core.weights import CheckpointTensor, StateDictCheckpoint
 
 SHAPES = [(1, 1, 1, 16), (2, 8, 4, 16), (3, 64, 2, 16), (4, 5, 3, 16)]
@@ -218,7 +219,14 @@ def test_hf_loads_our_quantized_checkpoint(tmp_path: Path) -> None:
                 p.normal_()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     save_checkpoint(model, tmp_path / "bf16")
-    checkpoint = quantize_checkpoint_mxfp4(tmp_path / "bf16", tmp_path / "mxfp4")
+    checkpoint = quantize_checkpoint_mxfp4(
+        tmp_path / "bf16",
+        tmp_path / "mxfp4",
+        weights=("gate_up_proj", "down_proj"),
+        modules_to_not_convert=published_config("gpt-oss-20b")["quantization_config"][
+            "modules_to_not_convert"
+        ],
+    )
     packed = load_file(checkpoint / "model.safetensors")
     for key in state:
         if key.endswith(("experts.gate_up_proj", "experts.down_proj")):

@@ -15,7 +15,7 @@ from trnmodels.core.causal_lm import build_model
 from trnmodels.core.errors import CheckpointError
 from trnmodels.core.runner.score import score_checkpoint
 from trnmodels.core.runtime_config import NeuronConfig
-from trnmodels.core.testing import quantize_checkpoint_mxfp4, run_cli
+from trnmodels.core.testing import run_cli
 
 IDS = [5, 17, 3, 99, 42, 8, 0, 100, 64, 23, 11, 7, 30, 31, 2, 9, 12, 77, 54, 4, 6, 19]
 PREFILL = 10
@@ -26,11 +26,11 @@ def mxfp4(tmp_path_factory):
     """(MXFP4 checkpoint dir, HF logits of HF's own MXFP4 load of it)."""
     from trnmodels.core.testing import save_checkpoint
 
-    from .conftest import build_hf
+    from .conftest import build_hf, quantize_like_published
 
     root = tmp_path_factory.mktemp("mxfp4")
     bf16 = save_checkpoint(build_hf(seed=11), root / "bf16")
-    ckpt = quantize_checkpoint_mxfp4(bf16, root / "mxfp4")
+    ckpt = quantize_like_published(bf16, root / "mxfp4")
     ref = transformers.GptOssForCausalLM.from_pretrained(
         ckpt, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
     )

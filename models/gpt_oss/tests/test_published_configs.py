@@ -14,13 +14,12 @@ import pytest
 import torch
 import transformers
 
-from trnmodels.core.testing import quantize_checkpoint_mxfp4
 from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
 from trnmodels.core.testing.published import (
     test_published_config_logits_match_hf as test_published_config_logits_match_hf,
 )
 
-from .conftest import perturb
+from .conftest import perturb, quantize_like_published
 
 WINDOW = 4
 PREFILL = 6
@@ -75,5 +74,5 @@ def case(request, tmp_path_factory):
             if key.endswith("gate_up_proj"):
                 p.mul_(50.0)
     model.save_pretrained(root / "bf16")
-    ckpt = quantize_checkpoint_mxfp4(root / "bf16", root / "mxfp4")
+    ckpt = quantize_like_published(root / "bf16", root / "mxfp4")
     return logits_case(name, ckpt, config, load_reference, range(VOCAB), LENGTH, PREFILL)

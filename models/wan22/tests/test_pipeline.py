@@ -148,6 +148,31 @@ def test_missing_low_noise_expert_is_refused(tiny_t2v, tmp_path):
         Wan22Pipeline.from_pretrained(broken)
 
 
+@pytest.mark.parametrize(
+    ("file", "field"),
+    [
+        ("model_index.json", "boundary_ratio"),
+        ("transformer/config.json", "eps"),
+        ("text_encoder/config.json", "layer_norm_epsilon"),
+        ("vae/config.json", "dropout"),
+    ],
+)
+def test_a_non_finite_number_in_a_component_config_is_refused_naming_file_and_field(
+    tiny_t2v, tmp_path, file, field
+):
+    import json
+    import shutil
+
+    broken = tmp_path / "nan"
+    shutil.copytree(tiny_t2v.path, broken)
+    path = broken / file
+    config = json.loads(path.read_text())
+    config[field] = float("nan")  # json.dumps writes NaN, which json.loads reads back silently
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=rf"{path}: {field}: expected a finite number, got nan"):
+        Wan22Pipeline.from_pretrained(broken)
+
+
 def test_mesh_mismatch_is_refused(tiny_t2v):
     with pytest.raises(ShardingError, match="asks for cfg_degree=2, but the running mesh is tp_degree=1"):
         Wan22Pipeline.from_pretrained(tiny_t2v.path, cfg_parallel=2)

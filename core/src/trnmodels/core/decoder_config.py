@@ -15,6 +15,7 @@ import torch
 from transformers import PretrainedConfig
 
 from .errors import ConfigError
+from .hf_config import refuse_non_finite
 from .ops import RopeConfig
 from .parallel import kv_heads_per_rank
 from .runtime_config import NeuronConfig
@@ -66,6 +67,7 @@ class DecoderConfig:
     @staticmethod
     def common_fields(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> dict[str, Any]:
         """This dataclass's fields from the standard HF names (a subclass's ``from_configs`` adds its own)."""
+        refuse_non_finite(hf_config)
         num_heads = hf_config.num_attention_heads
         # Llama 3.2 and later publish head_dim explicitly; it need not equal hidden_size / heads.
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads

@@ -7,7 +7,8 @@ fields it needs, and a missing one fails here instead of deep inside a forward.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,32 @@ def read_config_dict(checkpoint_dir: str | Path) -> dict[str, Any]:
     return read_json_object(path)
 
 
+def _non_finite(value: Any, key: str) -> Iterator[tuple[str, float]]:
+    if isinstance(value, float) and not math.isfinite(value):
+        yield key, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _non_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _non_finite(v, f"{key}[{i}]")
+
+
+def refuse_non_finite(config: PretrainedConfig | Mapping[str, Any], where: str = "config.json: ") -> None:
+    """Refuse NaN or infinity anywhere in a config, naming the first such field (nested ones dotted).
+
+    Python's json reads ``NaN`` and ``Infinity`` without complaint, and a config built in memory (vLLM
+    hands plugins one) can hold them too; a non-finite eps, RoPE base or scale would only show as NaN
+    logits much later."""
+    data = config.to_dict() if isinstance(config, PretrainedConfig) else config
+    bad = next(_non_finite(data, ""), None)
+    if bad is not None:
+        raise ConfigError(f"{where}{bad[0]}: expected a finite number, got {bad[1]}")
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file holding one object; malformed JSON, non-UTF-8 text or another JSON type names the file
-    (and the position)."""
+    """A JSON file holding one object; malformed JSON, non-UTF-8 text, another JSON type or a NaN or
+    infinite number names the file (and the position or field)."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -37,6 +61,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    refuse_non_finite(data, f"{path}: ")
     return data
 
 

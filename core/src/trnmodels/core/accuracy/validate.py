@@ -1,28 +1,40 @@
-"""The whole-model validation report of a causal LM checkpoint against its transformers reference.
+"""The validation report of a causal LM checkpoint against its transformers reference: the onboarding
+guide's three levels in one run.
 
-Level 2 of the onboarding guide's validation: teacher-forced logits (HF's greedy continuation is fed to
-both models), checked three ways:
-- FP32: our logits against HF FP32, per position, with a max-abs-error bound;
-- BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way);
-- KV cache: per-layer cosine similarity of our paged cache against HF's cache (at TP=1, where our
-  cache holds every KV head).
+- L3, module level (``bisect``): every decoder layer's output, and each sub-module transformers has
+  under the same name, over one prefill, inside the error HF's own BF16 model makes there. In this
+  process at TP=1, where every module is whole.
+- L2, teacher-forced logits (HF's greedy continuation is fed to both models), at the requested mesh:
+  - FP32: our logits against HF FP32, per position, with a max-abs-error bound;
+  - BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way);
+  - KV cache: per-layer cosine similarity of our paged cache against HF's cache (at TP=1, where our
+    cache holds every KV head).
+- L1, task accuracy through lm-evaluation-harness (``tasks``), when asked for: it takes minutes.
+
+With ``bisect`` the report adds the bisection: each layer's error against its envelope, the first layer
+outside it, and within that layer the first module outside (where a failing L2 comes from).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..runner.score import score_checkpoint
+from .bisect import ModuleReport, capture, compare_modules, decoder_layers, shared_children
 from .kv import hf_kv_cache, kv_cache_similarity
 from .logits import LogitReport, compare_teacher_forced_logits, greedy_teacher_sequence, hf_logits
+from .tasks import TaskReport
 from .three_way import ThreeWayReport, compare_three_way
 
 FP32_MAX_ABS_ERROR = 1e-4
 KV_MIN_COSINE = 0.99
+
+#: Test-only: alters our freshly loaded model (e.g. injects a known bug), in this process at TP=1.
+ModelHook = Callable[[torch.nn.Module], None]
 
 
 @dataclass(frozen=True)
@@ -34,17 +46,43 @@ class ValidationReport:
     fp32: LogitReport
     bf16: ThreeWayReport
     kv_cosine: dict[str, tuple[float, float]] | None
+    ep: int = 1
+    modules: ModuleReport | None = None  # L3
+    tasks: TaskReport | None = None  # L1
+    bisect: bool = False  # report the bisection (layer by layer, then within the first departing layer)
+
+    @property
+    def kv_passed(self) -> bool:
+        return self.kv_cosine is None or min(min(p) for p in self.kv_cosine.values()) >= KV_MIN_COSINE
+
+    @property
+    def logits_passed(self) -> bool:
+        return self.fp32.passed and self.bf16.passed and self.kv_passed
 
     @property
     def passed(self) -> bool:
-        kv_ok = self.kv_cosine is None or min(min(p) for p in self.kv_cosine.values()) >= KV_MIN_COSINE
-        return self.fp32.passed and self.bf16.passed and kv_ok
+        levels = [self.logits_passed]
+        levels += [] if self.modules is None else [self.modules.passed]
+        levels += [] if self.tasks is None else [self.tasks.passed]
+        return all(levels)
 
     def format(self) -> str:
+        verdict = {True: "PASS", False: "FAIL"}
         lines = [
-            f"validation of {self.checkpoint} (tp={self.tp}, {len(self.token_ids)} tokens: "
+            f"validation of {self.checkpoint} (tp={self.tp}, ep={self.ep}, {len(self.token_ids)} tokens: "
             f"prefill {self.prefill_len}, decode {len(self.token_ids) - self.prefill_len})",
+        ]
+        if self.modules is not None:
+            lines += [
+                "",
+                f"L3 module level (TP=1, one prefill; ours FP32 vs HF FP32 inside HF BF16's error): "
+                f"{verdict[self.modules.passed]}",
+                f"  {self.modules.summary()}",
+            ]
+            lines += [f"  not compared: {s}" for s in self.modules.skipped]
+        lines += [
             "",
+            f"L2 teacher-forced logits: {verdict[self.logits_passed]}",
             f"FP32 teacher-forced logits vs HF FP32 (max abs error ≤ {FP32_MAX_ABS_ERROR:g}):",
             self.fp32.format_table(max_rows=12),
             "",
@@ -58,8 +96,124 @@ class ValidationReport:
                 f"KV cache cosine vs HF (min {KV_MIN_COSINE}): {len(self.kv_cosine)} layers, "
                 f"worst {worst[0]} k={worst[1][0]:.6f} v={worst[1][1]:.6f}",
             ]
-        lines += ["", f"RESULT: {'PASS' if self.passed else 'FAIL'}"]
+        lines.append("")
+        if self.tasks is None:
+            lines.append("L1 task level: not run (--tasks runs the shipped lm-eval tasks; minutes per model)")
+        else:
+            lines += [f"L1 task level: {verdict[self.tasks.passed]}", self.tasks.format()]
+        if self.modules is not None and self.bisect:
+            lines += ["", "bisection (hidden states after every layer, then within the first that departs):"]
+            lines += self.modules.bisection()
+        lines += ["", f"RESULT: {verdict[self.passed]}"]
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        culprit = None if self.modules is None else self.modules.culprit
+        first = None if self.modules is None else self.modules.first_layer
+        return {
+            "checkpoint": self.checkpoint,
+            "tp": self.tp,
+            "ep": self.ep,
+            "token_ids": self.token_ids,
+            "prefill_len": self.prefill_len,
+            "passed": self.passed,
+            "L3": None if self.modules is None else self.modules.to_dict(),
+            "L2": {
+                "passed": self.logits_passed,
+                "fp32": self.fp32.to_dict(),
+                "bf16": self.bf16.to_dict(),
+                "kv_cosine": self.kv_cosine,
+                "kv_min_cosine": KV_MIN_COSINE,
+            },
+            "L1": None if self.tasks is None else {"passed": self.tasks.passed, **self.tasks.__dict__},
+            "bisection": None
+            if self.modules is None or not self.bisect
+            else {
+                "first_layer": None if first is None else first.describe(),
+                "culprit": None if culprit is None else culprit.describe(),
+            },
+        }
+
+
+def _our_logits(
+    checkpoint_dir: str | Path,
+    token_ids: Sequence[int],
+    prefill_len: int,
+    *,
+    tp: int,
+    ep: int,
+    dtype: str,
+    return_kv: bool = False,
+    model_hook: ModelHook | None = None,
+) -> Any:
+    from ..runner.score import score_checkpoint
+
+    if model_hook is None:
+        return score_checkpoint(
+            checkpoint_dir, token_ids, prefill_len, tp=tp, ep=ep, dtype=dtype, return_kv=return_kv
+        )
+    if tp * ep != 1:
+        raise ValueError("model_hook alters the model in this process: it needs tp=ep=1")
+    from ..causal_lm import build_model
+    from ..parallel import init_parallel_state
+    from ..runner.score import check_finite_logits, teacher_forced_logits
+    from ..runtime_config import NeuronConfig
+
+    init_parallel_state()
+    model = build_model(checkpoint_dir, NeuronConfig(dtype=dtype), progress=False)
+    model_hook(model)
+    result = teacher_forced_logits(model, token_ids, prefill_len, return_kv=return_kv)
+    check_finite_logits(result[0] if return_kv else result, model)
+    return result
+
+
+def module_report(
+    checkpoint_dir: str | Path,
+    token_ids: Sequence[int],
+    hf32: torch.nn.Module,
+    hf16: torch.nn.Module,
+    model_hook: ModelHook | None = None,
+) -> ModuleReport:
+    """L3 over one prefill of ``token_ids``: our FP32 model (built here at TP=1) against both HF models."""
+    from ..causal_lm import build_model
+    from ..parallel import init_parallel_state
+    from ..runner.score import teacher_forced_logits
+    from ..runtime_config import NeuronConfig
+
+    init_parallel_state()
+    ours = build_model(checkpoint_dir, NeuronConfig(), progress=False)
+    if model_hook is not None:
+        model_hook(ours)
+    num_layers = hf32.config.get_text_config().num_hidden_layers
+    our_layers, hf_layers = decoder_layers(ours, num_layers), decoder_layers(hf32, num_layers)
+    names = shared_children(our_layers, hf_layers)
+    ids = torch.tensor([list(token_ids)])
+    return compare_modules(
+        capture(our_layers, names, lambda: teacher_forced_logits(ours, token_ids)),
+        capture(hf_layers, names, lambda: hf32(input_ids=ids)),
+        capture(decoder_layers(hf16, num_layers), names, lambda: hf16(input_ids=ids)),
+        len(token_ids),
+    )
+
+
+def hf_class_of(checkpoint_dir: str | Path) -> type:
+    """The transformers class the checkpoint's ``architectures[0]`` names."""
+    import transformers
+
+    from ..causal_lm import resolve_checkpoint
+
+    _, hf_config = resolve_checkpoint(checkpoint_dir)
+    return getattr(transformers, hf_config.architectures[0])
+
+
+def _as_hf_layers(ours: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
+    """Our cache under HF's layer names (ours are module paths, HF's indices; both in model order), cut to
+    the positions HF keeps: its sliding-window layers hold only the last window, ours every position."""
+    out = {}
+    for name, (k, v) in zip(hf, ours.values(), strict=True):
+        kept = hf[name][0].shape[-2]
+        out[name] = (k[..., -kept:, :], v[..., -kept:, :])
+    return out
 
 
 def validate_checkpoint(
@@ -69,33 +223,53 @@ def validate_checkpoint(
     *,
     hf_model_class: type | None = None,
     tp: int = 1,
+    ep: int = 1,
     prefill_len: int | None = None,
+    modules: bool = True,
+    tasks: bool = False,
+    task_limit: int | None = None,
+    bisect: bool = False,
+    model_hook: ModelHook | None = None,
 ) -> ValidationReport:
-    """Run the three checks. ``prefill_len`` defaults to the prompt; the continuation runs as decode steps."""
-    from transformers import AutoModelForCausalLM
-
-    cls = hf_model_class or AutoModelForCausalLM
-    hf32 = cls.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
+    """Run the levels. ``prefill_len`` defaults to the prompt; the continuation runs as decode steps.
+    ``modules`` runs L3 (and so the bisection), ``tasks`` runs L1 (``task_limit`` documents per task)."""
+    cls = hf_model_class or hf_class_of(checkpoint_dir)
+    # Eager attention and experts: the readable reference, which every architecture implements (and
+    # grouped_mm refuses some shapes on CPU).
+    eager = {"attn_implementation": "eager", "experts_implementation": "eager"}
+    hf32 = cls.from_pretrained(checkpoint_dir, dtype=torch.float32, **eager).eval()
     token_ids = greedy_teacher_sequence(hf32, list(prompt_ids), num_new_tokens)
     prefill_len = prefill_len or len(prompt_ids)
     expected = hf_logits(hf32, token_ids)
     hf_kv = hf_kv_cache(hf32, token_ids) if tp == 1 else None
-    hf16 = cls.from_pretrained(checkpoint_dir, dtype=torch.bfloat16).eval()
+    hf16 = cls.from_pretrained(checkpoint_dir, dtype=torch.bfloat16, **eager).eval()
     baseline = hf_logits(hf16, token_ids)
-    del hf16
+    module_errors = module_report(checkpoint_dir, token_ids, hf32, hf16, model_hook) if modules else None
+    del hf16, hf32
 
-    ours32, our_kv = score_checkpoint(checkpoint_dir, token_ids, prefill_len, tp=tp, return_kv=True)
-    ours16 = score_checkpoint(checkpoint_dir, token_ids, prefill_len, tp=tp, dtype="bfloat16")
+    ours = dict(tp=tp, ep=ep, model_hook=model_hook)
+    ours32, our_kv = _our_logits(
+        checkpoint_dir, token_ids, prefill_len, dtype="float32", return_kv=True, **ours
+    )
+    ours16 = _our_logits(checkpoint_dir, token_ids, prefill_len, dtype="bfloat16", **ours)
     kv_cosine = None
     if hf_kv is not None:
-        # Our layers are named by module path, HF's by index; both are in model order.
-        kv_cosine = kv_cache_similarity(dict(zip(hf_kv, our_kv.values(), strict=True)), hf_kv)
+        kv_cosine = kv_cache_similarity(_as_hf_layers(our_kv, hf_kv), hf_kv)
+    task_report = None
+    if tasks:
+        from .tasks import task_accuracy
+
+        task_report = task_accuracy(checkpoint_dir, tp=tp, limit=task_limit)
     return ValidationReport(
         checkpoint=str(checkpoint_dir),
         tp=tp,
+        ep=ep,
         token_ids=token_ids,
         prefill_len=prefill_len,
         fp32=compare_teacher_forced_logits(ours32, expected, atol=FP32_MAX_ABS_ERROR),
         bf16=compare_three_way(ours16, expected, baseline, name="logits"),
         kv_cosine=kv_cosine,
+        modules=module_errors,
+        tasks=task_report,
+        bisect=bisect,
     )

@@ -8,6 +8,9 @@
 - ``trnmodels real-weights [NAME] [--out DIR] [--rebuild]`` (see ``real_weights``)
 - ``trnmodels info``
 - ``trnmodels diff A B`` (Step 0 of a port, the architecture diff; see ``diff``)
+- ``trnmodels validate CHECKPOINT_DIR [--prompt TEXT | --token-ids IDS] [--tp N] [--ep N] [--bisect]
+  [--tasks]`` (Stage 4: L3, L2 and L1 against transformers; exit 1 when a level fails; see ``validate``)
+- ``trnmodels plan CKPT_OR_CONFIG --instance NAME`` (Step 5 on paper, mesh memory; see ``plan``)
 
 ``--ep`` splits MoE experts over ranks; a run uses ``tp * ep`` local ranks.
 
@@ -28,7 +31,9 @@ from .diff import add_diff_parser
 from .generate import add_generate_parser
 from .info import add_info_parser
 from .logits import add_logits_parser
+from .plan import add_plan_parser
 from .real_weights import add_real_weights_parser
+from .validate import add_validate_parser
 from .video import add_video_parser
 
 
@@ -44,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_real_weights_parser,
         add_info_parser,
         add_diff_parser,
+        add_plan_parser,
+        add_validate_parser,
     ):
         add_parser(sub)
     return parser
@@ -60,4 +67,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         args.print_human(result)
-    return 0
+    # A command whose result is a verdict (validate) says so in its exit code.
+    return args.exit_code(result) if hasattr(args, "exit_code") else 0

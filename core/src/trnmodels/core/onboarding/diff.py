@@ -773,6 +773,8 @@ def _validate(plugin: Any, hf_config: Any, neuron_config: Any) -> str | None:
     try:
         with _quiet():
             plugin.validate(hf_config, neuron_config)
+    except AttributeError as e:  # the config class of another model lacks a field this plugin reads
+        return f"the config has no field {e.name!r}, which it reads" if e.name else _one_line(e)
     except Exception as e:  # a plugin's validation may raise anything on a config it was not written for
         return str(e) if isinstance(e, TrnModelsError) else _one_line(e)
     return None

@@ -10,6 +10,8 @@ The rank a graph needs (to mask a vocab shard, say) is passed into the graph as 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -203,6 +205,22 @@ def get_cp_group() -> ProcessGroupHandle:
 
 def get_cfg_group() -> ProcessGroupHandle:
     return _group("cfg")
+
+
+@contextlib.contextmanager
+def rank0_layout(layout: ParallelLayout) -> Iterator[None]:
+    """Within the block the parallel state says "rank 0 of ``layout``" without process groups, so a model
+    can be built (on the meta device, never run: its collectives have no group) to read its shapes per
+    rank. The state before is restored after."""
+    global _layout, _groups
+    groups = {dim: ProcessGroupHandle(dim, getattr(layout, dim), 0) for dim in MESH_DIMS}
+    groups["world"] = ProcessGroupHandle("world", layout.world_size, 0)
+    saved = _layout, _groups
+    _layout, _groups = layout, groups
+    try:
+        yield
+    finally:
+        _layout, _groups = saved
 
 
 def destroy_parallel_state() -> None:

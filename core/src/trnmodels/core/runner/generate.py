@@ -105,6 +105,24 @@ def generate_token_ids(job: GenerateJob, tp: int = 1, ep: int = 1) -> dict[str, 
     return run_on_ranks(_generate_on_rank, ParallelLayout(tp=tp, ep=ep), job)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_tokenizer(checkpoint_dir: str | Path) -> Any:
+    """The checkpoint's own tokenizer; none, or one transformers cannot read, is a ``ConfigError``."""
+    from transformers import AutoTokenizer
+
+    if not any((Path(checkpoint_dir) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{checkpoint_dir}: no usable tokenizer for text prompts: none of {', '.join(TOKENIZER_FILES)}"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())  # transformers' messages run over several lines
+        raise ConfigError(f"{checkpoint_dir}: no usable tokenizer for text prompts: {reason}") from None
+
+
 def generate_texts(
     checkpoint_dir: str | Path,
     prompts: Sequence[str],
@@ -118,12 +136,7 @@ def generate_texts(
     eager: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``([{"prompt", "token_ids", "text", "finish_reason"}], stats)`` for each prompt, in order."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{checkpoint_dir}: no usable tokenizer for text prompts: {e}") from None
+    tokenizer = load_tokenizer(checkpoint_dir)
     encoded = tuple(tuple(tokenizer(p)["input_ids"]) for p in prompts)
     job = GenerateJob(
         str(checkpoint_dir),

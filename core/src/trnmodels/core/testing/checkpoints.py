@@ -95,24 +95,17 @@ def save_random_checkpoint(
     return save_checkpoint(AutoModelForCausalLM.from_config(config, dtype=torch.float32), out_dir, tokenizer)
 
 
-# What gpt-oss publishes unquantized: attention, the router, the embedding and the head.
-GPT_OSS_UNQUANTIZED = (
-    "model.layers.*.self_attn",
-    "model.layers.*.mlp.router",
-    "model.embed_tokens",
-    "lm_head",
-)
-
-
 def quantize_checkpoint_mxfp4(
     src: str | Path,
     dst: str | Path,
-    weights: Collection[str] = ("gate_up_proj", "down_proj"),
-    modules_to_not_convert: Sequence[str] = GPT_OSS_UNQUANTIZED,
+    *,
+    weights: Collection[str],
+    modules_to_not_convert: Sequence[str],
 ) -> Path:
     """A copy of a saved checkpoint whose ``weights`` (the last component of a key) are stored as MXFP4
-    ``*_blocks``/``*_scales`` pairs in one file, with the ``quantization_config`` that says so: the layout
-    gpt-oss is published in. Tokenizer and other files are copied as they are."""
+    ``*_blocks``/``*_scales`` pairs in one file, with the ``quantization_config`` that says so (the model's
+    publisher lists ``modules_to_not_convert``): the layout gpt-oss is published in. Tokenizer and other
+    files are copied as they are."""
     from safetensors.torch import load_file, save_file
 
     from ..quant import quantize_mxfp4

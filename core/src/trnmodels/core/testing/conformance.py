@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import metadata
@@ -34,6 +35,7 @@ from safetensors.torch import load_file
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..accuracy import compare_teacher_forced_logits, greedy_teacher_sequence, hf_logits
+from ..accuracy.bisect import capture, decoder_layers
 from ..causal_lm import build_model, check_model_config
 from ..errors import ConfigError, ShardingError
 from ..plugins import ModelPlugin, discover_plugins, plugin_for_architecture
@@ -62,6 +64,7 @@ RUNNER = RunnerConfig(
 )
 PROMPT_LENGTHS = (5, 17, 1, 9, 30)
 NEW_TOKENS = 12
+VALIDATE_NEW_TOKENS = 40
 
 
 def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,6 +76,21 @@ def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, An
         else:
             merged[key] = value
     return merged
+
+
+def float_fields(config: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The key path of every float in a config dict, nested dicts included."""
+    for key, value in config.items():
+        if isinstance(value, float):
+            yield (*prefix, key)
+        elif isinstance(value, Mapping):
+            yield from float_fields(value, (*prefix, key))
+
+
+def with_value(config: Mapping[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of ``config`` with the field at ``path`` set to ``value``."""
+    head, *rest = path
+    return {**config, head: with_value(config[head], tuple(rest), value) if rest else value}
 
 
 def canonical(distribution: str) -> str:
@@ -142,10 +160,14 @@ class ConformanceSpec:
 
     def hf_config(self, **overrides: Any) -> PretrainedConfig:
         config = self.hf_class.config_class(**merge(self.tiny_config(), overrides))
-        for sub in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        self.set_hf_attributes(config)
+        return config
+
+    def set_hf_attributes(self, config: PretrainedConfig) -> None:
+        """Set ``hf_attributes`` on the config and on its text config (a multimodal model reads those)."""
+        for sub in {id(config): config, id(text := config.get_text_config()): text}.values():
             for name, value in self.hf_attributes.items():
                 setattr(sub, name, value)
-        return config
 
     def build_hf(self, seed: int = 0, **overrides: Any) -> PreTrainedModel:
         torch.manual_seed(seed)
@@ -156,9 +178,7 @@ class ConformanceSpec:
     def from_pretrained(self, checkpoint: str | Path) -> PreTrainedModel:
         """The HF twin loaded from a saved checkpoint, FP32, with ``hf_attributes`` set."""
         model = self.hf_class.from_pretrained(checkpoint, dtype=torch.float32).eval()
-        for sub in {id(model.config): model.config, id(c := model.config.get_text_config()): c}.values():
-            for name, value in self.hf_attributes.items():
-                setattr(sub, name, value)
+        self.set_hf_attributes(model.config)
         return model
 
     def checkpoint_factory(
@@ -200,34 +220,10 @@ class Case:
         return f"{self.name} {where} prefill={self.prefill_len} seed={SEED} overrides={self.overrides}"
 
 
-def decoder_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
-    """The model's decoder layers: the one ``ModuleList`` named ``layers`` with ``num_layers`` entries."""
-    found = [
-        m
-        for name, m in model.named_modules()
-        if name.rpartition(".")[2] == "layers" and isinstance(m, torch.nn.ModuleList) and len(m) == num_layers
-    ]
-    if len(found) != 1:
-        raise AssertionError(f"{type(model).__name__}: expected one ModuleList 'layers', found {len(found)}")
-    return found[0]
-
-
 def layer_outputs(model: torch.nn.Module, num_layers: int, run: Callable[[], Any]) -> list[torch.Tensor]:
     """Each decoder layer's output hidden states ``[T, hidden]`` while ``run()`` runs the model once."""
-    outputs: list[torch.Tensor] = []
-
-    def keep(_module, _inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        outputs.append(hidden.detach().reshape(-1, hidden.shape[-1]).float())
-
-    handles = [layer.register_forward_hook(keep) for layer in decoder_layers(model, num_layers)]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return outputs
+    captured = capture(decoder_layers(model, num_layers), (), run)
+    return [captured.outputs[(i, "")][0] for i in range(num_layers)]
 
 
 def mesh_param(tp: int, ep: int):
@@ -329,6 +325,33 @@ class CausalLMConformance:
                 bound = FP32_ATOL * max(1.0, want.abs().max().item())
                 assert error <= bound, f"layer {i} max abs error {error:.2e} > {bound:.2e}: {case.describe()}"
 
+    def test_validate_passes_every_level_and_compares_every_layer(
+        self, cases: list[Case], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``trnmodels validate`` on each config: L3 over every decoder layer, L2, exit 0."""
+        from ..cli import main
+
+        for case in cases:
+            prompt = ",".join(map(str, case.token_ids[: case.prefill_len]))
+            # The BF16 three-way judges error distributions, which a few positions cannot show.
+            new_tokens = str(VALIDATE_NEW_TOKENS)
+            code = main(
+                [
+                    "validate",
+                    str(case.checkpoint),
+                    "--token-ids",
+                    prompt,
+                    "--new-tokens",
+                    new_tokens,
+                    "--json",
+                ]
+            )
+            out = json.loads(capsys.readouterr().out)
+            assert code == 0 and out["passed"], f"{case.describe()}\n{out['report']}"
+            num_layers = case.hf.config.get_text_config().num_hidden_layers
+            assert [e["layer"] for e in out["L3"]["layers"]] == list(range(num_layers))
+            assert {"self_attn", "input_layernorm"} <= {e["module"] for e in out["L3"]["modules"]}
+
     def test_teacher_forced_logits_match_hf(self, cases: list[Case], tp: int, ep: int) -> None:
         cases = self.at_mesh(cases, ep)
         jobs = [ScoreJob(str(c.checkpoint), tuple(c.token_ids), c.prefill_len) for c in cases]
@@ -427,6 +450,18 @@ class CausalLMConformance:
         assert out["compiled_graphs"] == 2
         expected = [greedy_teacher_sequence(case.hf, list(p), 9)[len(p) :] for p in prompts]
         assert [r.token_ids for r in out["results"]] == expected, case.describe(tp=tp, ep=ep)
+
+    def test_a_non_finite_number_in_the_config_is_refused_naming_the_field(self) -> None:
+        """Every float the tiny config states, set to NaN or infinity in an in-memory config (as vLLM hands
+        one over, past any file check), is refused by the plugin's validation naming that field."""
+        tiny = self.spec.tiny_config()
+        paths = list(float_fields(tiny))
+        assert paths, "the tiny config states no float field"
+        for path in paths:
+            for bad in (math.nan, math.inf):
+                config = self.spec.hf_class.config_class(**with_value(tiny, path, bad))
+                with pytest.raises(ConfigError, match=rf"{path[-1]}: expected a finite number, got {bad}"):
+                    self.spec.model_plugin.validate(config, NeuronConfig())
 
     def test_a_mesh_the_config_cannot_split_is_refused_before_any_rank_starts(
         self, cases: list[Case]

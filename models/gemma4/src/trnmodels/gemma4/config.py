@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
+from trnmodels.core.hf_config import refuse_non_finite
 from trnmodels.core.ops import RopeConfig
 from trnmodels.core.runtime_config import NeuronConfig
 
@@ -67,6 +68,7 @@ class Gemma4Config:
 
     @classmethod
     def from_configs(cls, hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> Gemma4Config:
+        refuse_non_finite(hf_config)
         multimodal = hasattr(hf_config, "text_config") and getattr(hf_config, "model_type", "") == "gemma4"
         text = hf_config.get_text_config() if multimodal else hf_config
         num_layers = text.num_hidden_layers

@@ -14,7 +14,6 @@ expert ``transformer_2`` with ``guidance_scale_2``; the guided flow prediction s
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from trnmodels.core.compile.diffusion import ComponentGraph, ComponentResult
 from trnmodels.core.diffusion import CFGParallelMixin
 from trnmodels.core.diffusion.vae_patch_parallel import init_vae_patch_group, is_vae_rank
 from trnmodels.core.errors import ConfigError, InputError, ShardingError
+from trnmodels.core.hf_config import read_json_object
 from trnmodels.core.parallel import ParallelLayout, check_divisible, get_parallel_layout, get_world_group
 
 from .text_encoder import UMT5Config, UMT5Encoder
@@ -52,7 +52,7 @@ def read_model_index(checkpoint_dir: Path) -> dict[str, Any]:
     index = checkpoint_dir / "model_index.json"
     if not index.is_file():
         raise ConfigError(f"{checkpoint_dir}: no model_index.json (expected a diffusers Wan2.2 checkpoint)")
-    raw = json.loads(index.read_text())
+    raw = read_json_object(index)
     if raw.get("expand_timesteps"):
         raise ConfigError(
             f"{index}: expand_timesteps=true is the Wan2.2 TI2V-5B layout; only the A14B pipelines are supported"
@@ -80,10 +80,7 @@ def read_vae_config(checkpoint_dir: Path) -> dict[str, Any]:
     path = checkpoint_dir / "vae" / "config.json"
     if not path.is_file():
         raise ConfigError(f"{checkpoint_dir / 'vae'}: no config.json (expected a diffusers VAE folder)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    return read_json_object(path)
 
 
 def vae_scale_factors(config: dict[str, Any]) -> tuple[int, int]:

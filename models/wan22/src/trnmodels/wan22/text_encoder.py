@@ -10,7 +10,6 @@ layer carries its own relative-position bias.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from trnmodels.core.compile.diffusion import (
     signature,
 )
 from trnmodels.core.errors import ConfigError
+from trnmodels.core.hf_config import read_json_object
 from trnmodels.core.ops import rms_norm
 from trnmodels.core.parallel import (
     MergedColumnParallelLinear,
@@ -75,7 +75,7 @@ class UMT5Config:
         file = Path(path) / "config.json"
         if not file.is_file():
             raise ConfigError(f"{path}: no config.json (expected a transformers text_encoder folder)")
-        return cls.from_dict(json.loads(file.read_text()), str(file))
+        return cls.from_dict(read_json_object(file), str(file))
 
 
 def relative_position_buckets(length: int, num_buckets: int, max_distance: int, device=None) -> torch.Tensor:

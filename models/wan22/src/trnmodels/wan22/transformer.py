@@ -13,7 +13,6 @@ so BF16 rounds where the reference rounds. Shapes are static: one graph per vide
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -35,6 +34,7 @@ from trnmodels.core.compile.diffusion import (
 )
 from trnmodels.core.diffusion import cp_self_attention, gather_sequence, split_sequence
 from trnmodels.core.errors import ConfigError, InputError
+from trnmodels.core.hf_config import read_json_object
 from trnmodels.core.modules import LayerNorm
 from trnmodels.core.ops import attention
 from trnmodels.core.parallel import (
@@ -113,7 +113,7 @@ class WanDiTConfig:
         file = Path(path) / "config.json"
         if not file.is_file():
             raise ConfigError(f"{path}: no config.json (expected a diffusers transformer folder)")
-        return cls.from_dict({**json.loads(file.read_text()), **overrides}, str(file))
+        return cls.from_dict({**read_json_object(file), **overrides}, str(file))
 
 
 class RMSNormAcrossHeads(nn.Module):
