@@ -10,6 +10,7 @@
 - ``trnmodels diff A B`` (Step 0 of a port, the architecture diff; see ``diff``)
 - ``trnmodels validate CHECKPOINT_DIR [--prompt TEXT | --token-ids IDS] [--tp N] [--ep N] [--bisect]
   [--tasks]`` (Stage 4: L3, L2 and L1 against transformers; exit 1 when a level fails; see ``validate``)
+- ``trnmodels new NAME --from TEMPLATE --architecture HF_ARCH`` (Stages 1-2: the plugin scaffold; see ``new``)
 - ``trnmodels plan CKPT_OR_CONFIG --instance NAME`` (Step 5 on paper, mesh memory; see ``plan``)
 
 ``--ep`` splits MoE experts over ranks; a run uses ``tp * ep`` local ranks.
@@ -31,6 +32,7 @@ from .diff import add_diff_parser
 from .generate import add_generate_parser
 from .info import add_info_parser
 from .logits import add_logits_parser
+from .new import add_new_parser
 from .plan import add_plan_parser
 from .real_weights import add_real_weights_parser
 from .validate import add_validate_parser
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_diff_parser,
         add_plan_parser,
         add_validate_parser,
+        add_new_parser,
     ):
         add_parser(sub)
     return parser

@@ -346,7 +346,9 @@ class CausalLMConformance:
                     "--json",
                 ]
             )
-            out = json.loads(capsys.readouterr().out)
+            printed = capsys.readouterr()
+            assert code in (0, 1), f"{case.describe()}: {printed.err}"  # 2: refused before any report
+            out = json.loads(printed.out)
             assert code == 0 and out["passed"], f"{case.describe()}\n{out['report']}"
             num_layers = case.hf.config.get_text_config().num_hidden_layers
             assert [e["layer"] for e in out["L3"]["layers"]] == list(range(num_layers))
