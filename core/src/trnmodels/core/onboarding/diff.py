@@ -773,11 +773,19 @@ def _validate(plugin: Any, hf_config: Any, neuron_config: Any) -> str | None:
     try:
         with _quiet():
             plugin.validate(hf_config, neuron_config)
-    except AttributeError as e:  # the config class of another model lacks a field this plugin reads
-        return f"the config has no field {e.name!r}, which it reads" if e.name else _one_line(e)
     except Exception as e:  # a plugin's validation may raise anything on a config it was not written for
-        return str(e) if isinstance(e, TrnModelsError) else _one_line(e)
+        return refusal_reason(e)
     return None
+
+
+def refusal_reason(e: BaseException) -> str:
+    """A plugin's refusal of a config as one line: its own message for a user error, the missing field
+    when the config class of another model lacks one it reads, else the exception's type and text."""
+    if isinstance(e, TrnModelsError):
+        return " ".join(str(e).split())
+    if isinstance(e, AttributeError) and e.name:
+        return f"the config has no field {e.name!r}, which it reads"
+    return _one_line(e)
 
 
 # ------------------------------------------------------------------------------------------------ diff

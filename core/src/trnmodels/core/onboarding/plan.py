@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, TrnModelsError
+from ..errors import ConfigError
 from ..hf_config import CONFIG_NAME
-from .diff import PUBLISHED_DIR, ConfigSource, _quiet, load_source
+from .diff import PUBLISHED_DIR, ConfigSource, _quiet, load_source, refusal_reason
 from .instances import Instance, get_instance
 
 DEFAULT_MAX_NUM_SEQS = 8
@@ -218,12 +218,6 @@ def _max_position_embeddings(hf_config: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _reason(e: BaseException) -> str:
-    """A plugin's refusal as one line: its own message for a user error, else the exception's type too."""
-    text = " ".join(str(e).split())
-    return text if isinstance(e, TrnModelsError) else f"{type(e).__name__}: {text}"
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -310,14 +304,14 @@ def plan(
     try:
         has_experts = rank_bytes(build_on_meta(plugin, hf_config, neuron_config(1, 1))).has_experts
     except Exception as e:  # a plugin may raise anything on a config it was not written for
-        raise ConfigError(f"{src.describe()}: plugin {plugin.name} refuses it: {_reason(e)}") from None
+        raise ConfigError(f"{src.describe()}: plugin {plugin.name} refuses it: {refusal_reason(e)}") from None
     meshes, refused = [], []
     for tp in _divisors(inst.cores):
         for ep in _divisors(inst.cores // tp) if has_experts else [1]:
             try:
                 model = build_on_meta(plugin, hf_config, neuron_config(tp, ep))
             except Exception as e:
-                refused.append({"tp": tp, "ep": ep, "reason": _reason(e)})
+                refused.append({"tp": tp, "ep": ep, "reason": refusal_reason(e)})
                 continue
             meshes.append(
                 mesh_entry(
