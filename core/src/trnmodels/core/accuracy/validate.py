@@ -6,7 +6,9 @@ guide's three levels in one run.
   process at TP=1, where every module is whole.
 - L2, teacher-forced logits (HF's greedy continuation is fed to both models), at the requested mesh:
   - FP32: our logits against HF FP32, per position, with a max-abs-error bound;
-  - BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way);
+  - BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way). In an
+    MoE model the BF16 run replays the expert picks of our FP32 run (teacher-forced routing,
+    ``ops.route_trace``), and the report counts the picks BF16 rounding would have changed;
   - KV cache: per-layer cosine similarity of our paged cache against HF's cache (at TP=1, where our
     cache holds every KV head).
 - L1, task accuracy through lm-evaluation-harness (``tasks``), when asked for: it takes minutes.
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..ops.route_trace import RouteTrace, tracing_routes
 from .bisect import ModuleReport, capture, compare_modules, decoder_layers, shared_children
 from .kv import hf_kv_cache, kv_cache_similarity
 from .logits import LogitReport, compare_teacher_forced_logits, greedy_teacher_sequence, hf_logits
@@ -50,6 +53,8 @@ class ValidationReport:
     modules: ModuleReport | None = None  # L3
     tasks: TaskReport | None = None  # L1
     bisect: bool = False  # report the bisection (layer by layer, then within the first departing layer)
+    # MoE only: (choices free BF16 routing would make otherwise, choices), over tokens x routed layers.
+    bf16_route_flips: tuple[int, int] | None = None
 
     @property
     def kv_passed(self) -> bool:
@@ -89,6 +94,12 @@ class ValidationReport:
             "BF16 three-way (ours BF16 vs HF FP32, relative to HF BF16):",
             f"  {self.bf16}",
         ]
+        if self.bf16_route_flips is not None:
+            differing, choices = self.bf16_route_flips
+            lines.append(
+                f"  expert routing teacher-forced from our FP32 run: free BF16 routing picks other experts "
+                f"for {differing} of {choices} token x layer choices (near-ties BF16 rounding breaks)"
+            )
         if self.kv_cosine is not None:
             worst = min(self.kv_cosine.items(), key=lambda kv: min(kv[1]))
             lines += [
@@ -122,6 +133,9 @@ class ValidationReport:
                 "passed": self.logits_passed,
                 "fp32": self.fp32.to_dict(),
                 "bf16": self.bf16.to_dict(),
+                "bf16_route_flips": None
+                if self.bf16_route_flips is None
+                else dict(zip(("differing", "choices"), self.bf16_route_flips, strict=True)),
                 "kv_cosine": self.kv_cosine,
                 "kv_min_cosine": KV_MIN_COSINE,
             },
@@ -144,13 +158,22 @@ def _our_logits(
     ep: int,
     dtype: str,
     return_kv: bool = False,
+    route_trace: RouteTrace,
     model_hook: ModelHook | None = None,
-) -> Any:
+) -> tuple[Any, RouteTrace]:
+    """``(logits or (logits, kv), trace)``: the expert picks recorded into, or replayed from, ``route_trace``."""
     from ..runner.score import score_checkpoint
 
     if model_hook is None:
         return score_checkpoint(
-            checkpoint_dir, token_ids, prefill_len, tp=tp, ep=ep, dtype=dtype, return_kv=return_kv
+            checkpoint_dir,
+            token_ids,
+            prefill_len,
+            tp=tp,
+            ep=ep,
+            dtype=dtype,
+            return_kv=return_kv,
+            route_trace=route_trace,
         )
     if tp * ep != 1:
         raise ValueError("model_hook alters the model in this process: it needs tp=ep=1")
@@ -162,9 +185,10 @@ def _our_logits(
     init_parallel_state()
     model = build_model(checkpoint_dir, NeuronConfig(dtype=dtype), progress=False)
     model_hook(model)
-    result = teacher_forced_logits(model, token_ids, prefill_len, return_kv=return_kv)
+    with tracing_routes(route_trace):
+        result = teacher_forced_logits(model, token_ids, prefill_len, return_kv=return_kv)
     check_finite_logits(result[0] if return_kv else result, model)
-    return result
+    return result, route_trace
 
 
 def module_report(
@@ -248,10 +272,18 @@ def validate_checkpoint(
     del hf16, hf32
 
     ours = dict(tp=tp, ep=ep, model_hook=model_hook)
-    ours32, our_kv = _our_logits(
-        checkpoint_dir, token_ids, prefill_len, dtype="float32", return_kv=True, **ours
+    (ours32, our_kv), routes = _our_logits(
+        checkpoint_dir,
+        token_ids,
+        prefill_len,
+        dtype="float32",
+        return_kv=True,
+        route_trace=RouteTrace(),
+        **ours,
     )
-    ours16 = _our_logits(checkpoint_dir, token_ids, prefill_len, dtype="bfloat16", **ours)
+    ours16, replayed = _our_logits(
+        checkpoint_dir, token_ids, prefill_len, dtype="bfloat16", route_trace=routes.replayed(), **ours
+    )
     kv_cosine = None
     if hf_kv is not None:
         kv_cosine = kv_cache_similarity(_as_hf_layers(our_kv, hf_kv), hf_kv)
@@ -272,4 +304,5 @@ def validate_checkpoint(
         modules=module_errors,
         tasks=task_report,
         bisect=bisect,
+        bf16_route_flips=(replayed.differing, replayed.choices) if replayed.calls else None,
     )

@@ -25,13 +25,22 @@ class PreNormDecoderLayer(nn.Module):
 
     ``mlp`` is dense (``GatedMLP``, the same on every rank) or routed (it reads ``rank`` to pick its
     experts). Each sublayer declares its own checkpoint keys; the norms are stored at their own names.
+    ``norm_scale_in_float32`` rounds the norms as gpt-oss does (scale, then cast) rather than as Llama does.
     """
 
-    def __init__(self, cfg: NormConfig, self_attn: SelfAttention, mlp: nn.Module):
+    def __init__(
+        self,
+        cfg: NormConfig,
+        self_attn: SelfAttention,
+        mlp: nn.Module,
+        *,
+        norm_scale_in_float32: bool = False,
+    ):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
+        norm = dict(dtype=cfg.dtype, scale_in_float32=norm_scale_in_float32)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
         self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
         self.mlp = mlp
 
     def forward(

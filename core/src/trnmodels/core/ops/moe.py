@@ -13,17 +13,30 @@ import torch.nn.functional as F
 
 from .dispatch import kernel_op
 from .mlp import activation, clamped_swiglu
+from .route_trace import active_trace
 
 
-@kernel_op("moe_route")
 def route(
     logits: torch.Tensor, top_k: int, *, softmax_first: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits [T, E]`` → ``(weights [T, k], experts [T, k])``.
 
     gpt-oss: softmax over the k chosen logits (``softmax_first=False``). Mixtral/Gemma style: softmax over
-    all experts, keep the top k, renormalise them (``softmax_first=True``).
+    all experts, keep the top k, renormalise them (``softmax_first=True``). Inside ``tracing_routes`` the
+    picks are recorded, or replayed from a recorded run (validation's teacher-forced routing).
     """
+    weights, experts = topk_route(logits, top_k, softmax_first=softmax_first)
+    trace = active_trace()
+    if trace is None:
+        return weights, experts
+    return trace.apply(logits, weights, experts, softmax_first)
+
+
+@kernel_op("moe_route")
+def topk_route(
+    logits: torch.Tensor, top_k: int, *, softmax_first: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing op itself (see ``route``)."""
     if softmax_first:
         probs = torch.softmax(logits.float(), dim=-1)
         weights, experts = probs.topk(top_k, dim=-1)

@@ -7,6 +7,7 @@ accuracy tests run.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from ..attention import AttentionMetadata
 from ..causal_lm import CausalLM
 from ..errors import InputError, TrnModelsError
 from ..kv_cache import allocate_kv_cache, read_sequence_kv, slot_mapping
+from ..ops.route_trace import RouteTrace, tracing_routes
 from ..parallel.launch import run_on_ranks
 from ..parallel.state import ParallelLayout, get_parallel_layout
 
@@ -135,6 +137,9 @@ class ScoreJob:
     dtype: str = "float32"
     return_kv: bool = False
     require_finite: bool = False  # raise NonFiniteLogitsError instead of returning NaN/inf logits
+    # Record the expert picks into a copy of this trace, or replay them (``ops.route_trace``); the job's
+    # result is then ``(result, trace)`` with the copy rank 0 filled.
+    route_trace: RouteTrace | None = None
 
 
 def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
@@ -146,12 +151,14 @@ def _score_on_rank(rank: int, world_size: int, jobs: list[ScoreJob]) -> list:
     for job in jobs:
         config = NeuronConfig(tp_degree=layout.tp, ep_degree=layout.ep, dtype=job.dtype)
         model = build_model(job.checkpoint_dir, config, progress=rank == 0)
-        result = teacher_forced_logits(
-            model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv
-        )
+        trace = copy.deepcopy(job.route_trace)
+        with tracing_routes(trace):
+            result = teacher_forced_logits(
+                model, job.token_ids, job.prefill_len, rank=rank, return_kv=job.return_kv
+            )
         if job.require_finite:
             check_finite_logits(result[0] if job.return_kv else result, model)
-        results.append(result)
+        results.append(result if trace is None else (result, trace))
     return results
 
 
@@ -191,10 +198,12 @@ def score_checkpoint(
     ep: int = 1,
     dtype: str = "float32",
     return_kv: bool = False,
+    route_trace: RouteTrace | None = None,
 ):
-    """Build the checkpoint's model on ``tp * ep`` local ranks and score ``token_ids`` (rank 0's result).
+    """Build the checkpoint's model on ``tp * ep`` local ranks and score ``token_ids`` (rank 0's result;
+    with ``route_trace``, ``(result, trace)`` as ``ScoreJob`` says).
 
     Non-finite logits raise ``NonFiniteLogitsError`` naming the first bad position: they are never returned.
     """
-    job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv, require_finite=True)
+    job = ScoreJob(str(checkpoint_dir), tuple(token_ids), prefill_len, dtype, return_kv, True, route_trace)
     return score_many([job], tp, ep)[0]

@@ -21,6 +21,7 @@ from trnmodels.core.modules import (
     ExpertsCheckpointFormat,
     MoEExperts,
     PreNormDecoderLayer,
+    RMSNorm,
     RotaryEmbedding,
     SelfAttention,
 )
@@ -76,10 +77,12 @@ class GptOssMoE(nn.Module):
 class GptOssDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: GptOssConfig, layer_idx: int):
         attn = SelfAttention.for_layer(cfg, layer_idx, sliding_window=cfg.window(layer_idx), sinks=True)
-        super().__init__(cfg, attn, GptOssMoE(cfg))
+        # HF's GptOssRMSNorm scales in float32 and casts once (Llama's casts, then scales).
+        super().__init__(cfg, attn, GptOssMoE(cfg), norm_scale_in_float32=True)
 
 
 class GptOssForCausalLM(PagedCausalLM):
     def __init__(self, cfg: GptOssConfig):
         layers = (GptOssDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        super().__init__(cfg, layers, rotary=RotaryEmbedding(cfg.rope))
+        norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale_in_float32=True, dtype=cfg.dtype)
+        super().__init__(cfg, layers, norm, rotary=RotaryEmbedding(cfg.rope))
