@@ -9,6 +9,7 @@ from trnmodels.core.accuracy import (
     compare_teacher_forced_logits,
     greedy_teacher_sequence,
     hf_logits,
+    hf_logits_stepwise,
 )
 
 PROMPT = [1, 5, 7, 11]
@@ -21,6 +22,15 @@ def test_hf_logits_and_greedy_sequence(tiny_llama):
     assert logits.shape == (len(seq), 97) and logits.dtype == torch.float32
     # Greedy generation is the argmax chain of one teacher-forced forward pass.
     assert logits[len(PROMPT) - 1 : -1].argmax(-1).tolist() == seq[len(PROMPT) :]
+
+
+@pytest.mark.parametrize("prefill_len", [1, 4, 24])
+def test_stepwise_reference_gives_the_logits_of_one_forward_pass(tiny_llama, prefill_len):
+    seq = greedy_teacher_sequence(tiny_llama, PROMPT, 20)
+    stepwise = hf_logits_stepwise(tiny_llama, seq, prefill_len)
+    assert stepwise.shape == (len(seq), 97) and stepwise.dtype == torch.float32
+    # FP32 on both sides: only the summation order differs.
+    torch.testing.assert_close(stepwise, hf_logits(tiny_llama, seq), rtol=0, atol=1e-5)
 
 
 def test_greedy_ignores_eos(tiny_llama):

@@ -18,6 +18,7 @@ from .logits import (
     compare_teacher_forced_logits,
     greedy_teacher_sequence,
     hf_logits,
+    hf_logits_stepwise,
 )
 from .modules import assert_module_bf16_three_way, load_from_hf_module
 from .tasks import TaskReport, task_accuracy
@@ -43,6 +44,7 @@ __all__ = [
     "greedy_teacher_sequence",
     "hf_kv_cache",
     "hf_logits",
+    "hf_logits_stepwise",
     "kv_cache_similarity",
     "load_from_hf_module",
     "task_accuracy",

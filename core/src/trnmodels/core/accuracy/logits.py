@@ -220,3 +220,18 @@ def hf_logits(hf_model: Any, token_ids: list[int]) -> torch.Tensor:
     """One forward pass of the reference over the whole sequence; float32 logits ``[T, V]`` on CPU."""
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=_device(hf_model))
     return hf_model(input_ids=input_ids).logits[0].float().cpu()
+
+
+@torch.no_grad()
+def hf_logits_stepwise(hf_model: Any, token_ids: list[int], prefill_len: int) -> torch.Tensor:
+    """The reference run as serving runs it: one forward over the first ``prefill_len`` tokens, then one
+    cached step per token; float32 logits ``[T, V]`` on CPU. The same logits as ``hf_logits`` up to rounding,
+    which differs with the shapes the matmuls see."""
+    ids = torch.tensor([token_ids], dtype=torch.long, device=_device(hf_model))
+    out = hf_model(input_ids=ids[:, :prefill_len], use_cache=True)
+    logits, cache = [out.logits[0]], out.past_key_values
+    for p in range(prefill_len, len(token_ids)):
+        out = hf_model(input_ids=ids[:, p : p + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits[0])
+        cache = out.past_key_values
+    return torch.cat(logits).float().cpu()

@@ -6,7 +6,8 @@ guide's three levels in one run.
   process at TP=1, where every module is whole.
 - L2, teacher-forced logits (HF's greedy continuation is fed to both models), at the requested mesh:
   - FP32: our logits against HF FP32, per position, with a max-abs-error bound;
-  - BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way). In an
+  - BF16: our BF16 logits judged against HF FP32, relative to HF BF16's own error (three-way; the
+    larger error of two HF BF16 runs, ``bf16_yardstick``). In an
     MoE model the BF16 run replays the expert picks of our FP32 run (teacher-forced routing,
     ``ops.route_trace``), and the report counts the picks BF16 rounding would have changed;
   - KV cache: per-layer cosine similarity of our paged cache against HF's cache (at TP=1, where our
@@ -29,7 +30,13 @@ import torch
 from ..ops.route_trace import RouteTrace, tracing_routes
 from .bisect import ModuleReport, capture, compare_modules, decoder_layers, shared_children
 from .kv import hf_kv_cache, kv_cache_similarity
-from .logits import LogitReport, compare_teacher_forced_logits, greedy_teacher_sequence, hf_logits
+from .logits import (
+    LogitReport,
+    compare_teacher_forced_logits,
+    greedy_teacher_sequence,
+    hf_logits,
+    hf_logits_stepwise,
+)
 from .tasks import TaskReport
 from .three_way import ThreeWayReport, compare_three_way
 
@@ -53,6 +60,7 @@ class ValidationReport:
     modules: ModuleReport | None = None  # L3
     tasks: TaskReport | None = None  # L1
     bisect: bool = False  # report the bisection (layer by layer, then within the first departing layer)
+    bf16_baseline: str = "one prefill"  # the HF BF16 run the three-way measures against (bf16_yardstick)
     # MoE only: (choices free BF16 routing would make otherwise, choices), over tokens x routed layers.
     bf16_route_flips: tuple[int, int] | None = None
 
@@ -91,7 +99,8 @@ class ValidationReport:
             f"FP32 teacher-forced logits vs HF FP32 (max abs error ≤ {FP32_MAX_ABS_ERROR:g}):",
             self.fp32.format_table(max_rows=12),
             "",
-            "BF16 three-way (ours BF16 vs HF FP32, relative to HF BF16):",
+            f"BF16 three-way (ours BF16 vs HF FP32, relative to HF BF16 run as {self.bf16_baseline}: "
+            "the larger error of its two runs):",
             f"  {self.bf16}",
         ]
         if self.bf16_route_flips is not None:
@@ -133,6 +142,7 @@ class ValidationReport:
                 "passed": self.logits_passed,
                 "fp32": self.fp32.to_dict(),
                 "bf16": self.bf16.to_dict(),
+                "bf16_baseline": self.bf16_baseline,
                 "bf16_route_flips": None
                 if self.bf16_route_flips is None
                 else dict(zip(("differing", "choices"), self.bf16_route_flips, strict=True)),
@@ -240,6 +250,24 @@ def _as_hf_layers(ours: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def bf16_yardstick(
+    hf16: torch.nn.Module, token_ids: list[int], prefill_len: int, expected: torch.Tensor
+) -> tuple[torch.Tensor, str]:
+    """HF BF16's logits as the three-way's baseline, and which run gave them.
+
+    Two honest BF16 runs of the same model differ: the rounding follows the shapes the matmuls see. So HF
+    BF16 runs twice, as one prefill and as ours runs (prefill, then cached decode steps), and the run with
+    the larger RMS error against HF FP32 is the yardstick: BF16 arithmetic alone makes that error. One
+    run alone under-states it about half of the time, and on a tiny model that decides the verdict.
+    """
+    runs = {
+        "one prefill": hf_logits(hf16, token_ids),
+        f"prefill {prefill_len} + decode": hf_logits_stepwise(hf16, token_ids, prefill_len),
+    }
+    name = max(runs, key=lambda k: (runs[k] - expected).square().mean().item())
+    return runs[name], name
+
+
 def validate_checkpoint(
     checkpoint_dir: str | Path,
     prompt_ids: Sequence[int],
@@ -267,7 +295,7 @@ def validate_checkpoint(
     expected = hf_logits(hf32, token_ids)
     hf_kv = hf_kv_cache(hf32, token_ids) if tp == 1 else None
     hf16 = cls.from_pretrained(checkpoint_dir, dtype=torch.bfloat16, **eager).eval()
-    baseline = hf_logits(hf16, token_ids)
+    baseline, baseline_run = bf16_yardstick(hf16, token_ids, prefill_len, expected)
     module_errors = module_report(checkpoint_dir, token_ids, hf32, hf16, model_hook) if modules else None
     del hf16, hf32
 
@@ -300,6 +328,7 @@ def validate_checkpoint(
         prefill_len=prefill_len,
         fp32=compare_teacher_forced_logits(ours32, expected, atol=FP32_MAX_ABS_ERROR),
         bf16=compare_three_way(ours16, expected, baseline, name="logits"),
+        bf16_baseline=baseline_run,
         kv_cosine=kv_cosine,
         modules=module_errors,
         tasks=task_report,
