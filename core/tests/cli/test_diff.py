@@ -10,7 +10,8 @@ from functools import cache
 import pytest
 
 from trnmodels.core.cli import main
-from trnmodels.core.onboarding.diff import CHECKLIST_ITEMS, PUBLISHED_DIR, architecture_diff, bundled_names
+from trnmodels.core.onboarding.diff import CHECKLIST_ITEMS, architecture_diff
+from trnmodels.core.published import PUBLISHED_DIR, published_names
 
 
 @cache
@@ -28,7 +29,7 @@ def options(result: dict, item: str) -> list[str]:
 
 
 def test_the_bundled_configs_include_the_onboarding_references():
-    names = bundled_names()
+    names = published_names()
     for name in ("Llama-3.1-8B", "gpt-oss-20b", "Qwen3-8B", "Mistral-7B-v0.1", "Mixtral-8x7B-v0.1"):
         assert name in names
     readme = (PUBLISHED_DIR / "README.md").read_text()

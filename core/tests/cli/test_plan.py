@@ -8,7 +8,6 @@ to the byte.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -17,12 +16,12 @@ import pytest
 
 from trnmodels.core.cli import main
 from trnmodels.core.errors import ConfigError
-from trnmodels.core.onboarding.diff import PUBLISHED_DIR
 from trnmodels.core.onboarding.instances import GIB, INSTANCES, get_instance
 from trnmodels.core.onboarding.plan import kv_blocks, measure_rank, plan
 from trnmodels.core.parallel import ParallelLayout
 from trnmodels.core.parallel.launch import run_on_ranks
 from trnmodels.core.plugins import discover_plugins
+from trnmodels.core.published import PUBLISHED_DIR
 from trnmodels.core.testing.bad_inputs import BadInput, check_one_line_error, numeric_flag_cases
 
 LLM_PLUGINS = ("gemma4", "gpt_oss", "llama3")
@@ -41,13 +40,6 @@ def gemma4_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("gemma4_moe")
     (folder / "config.json").write_text(json.dumps(config))
     return folder
-
-
-def wan_tiny() -> Path:
-    """The Wan2.2 plugin's bundled tiny pipeline folder (a diffusers layout with ``model_index.json``)."""
-    spec = importlib.util.find_spec("trnmodels.wan22")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / "tiny"
 
 
 def mesh(result: dict, tp: int, ep: int) -> dict:
@@ -193,9 +185,10 @@ BAD = [
     ),
     BadInput("plan", "NOT_JSON", "malformed JSON at line 1"),
     BadInput("plan", "no-such-model", "is not a checkpoint folder, a config.json path or a bundled"),
-    BadInput("plan", "Wan2.2-T2V-A14B-Diffusers", "diffusion planning is not implemented yet"),
-    BadInput("plan", "WAN_TINY", "diffusion planning is not implemented yet"),
-    BadInput("plan", "WAN_DIT_CONFIG", "diffusion planning is not implemented yet"),
+    BadInput(
+        "plan", "WAN_DIT_CONFIG", "is one component of a diffusers pipeline: plan the pipeline's folder"
+    ),
+    BadInput("plan", "--num-frames 5", "--num-frames: not an option for an LLM"),
     BadInput("plan", "--max-model-len 200000", "exceeds the model's max_position_embeddings 131072"),
     *numeric_flag_cases("plan"),
 ]
@@ -208,7 +201,6 @@ def test_bad_input_is_one_line_exit_2(case, capsys, tmp_path):
     argv = ["plan", "Llama-3.2-1B", "--instance", "trn2.48xlarge"]
     placeholders = {
         "NOT_JSON": str(not_json),
-        "WAN_TINY": str(wan_tiny()),
         "WAN_DIT_CONFIG": str(PUBLISHED_DIR / "Wan2.2-T2V-A14B-Diffusers" / "transformer_2" / "config.json"),
     }
     argv += [placeholders.get(word, word) for word in case.input.split()]
@@ -223,4 +215,12 @@ def test_bad_input_is_one_line_exit_2(case, capsys, tmp_path):
 
 def test_numeric_flags_are_covered():
     flags = {c.input.split()[0] for c in numeric_flag_cases("plan")}
-    assert flags == {"--max-model-len", "--max-num-seqs"}
+    assert flags == {
+        "--max-model-len",
+        "--max-num-seqs",
+        "--num-frames",
+        "--height",
+        "--width",
+        "--max-sequence-length",
+        "--vae-patch-parallel",
+    }

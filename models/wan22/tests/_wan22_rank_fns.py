@@ -68,3 +68,30 @@ def dit_outputs(rank: int, world_size: int, checkpoint_dir: str, inputs: tuple) 
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+def pipeline_bytes(rank: int, world_size: int, checkpoint_dir: str) -> list[dict]:
+    """Build the text-to-video pipeline in the running mesh (FP32) and count, per component, the bytes of
+    the distinct storages its parameters and buffers hold on this rank; every rank's counts, in rank
+    order (what ``trnmodels plan`` must predict)."""
+    from trnmodels.core.parallel import get_parallel_layout
+    from trnmodels.wan22.pipeline_t2v import Wan22Pipeline
+
+    layout = get_parallel_layout()
+    pipe = Wan22Pipeline.from_pretrained(
+        Path(checkpoint_dir), tp=layout.tp, cp=layout.cp, cfg_parallel=layout.cfg, dtype=torch.float32
+    )
+    mine: dict = {"rank": rank}
+    for name in ("text_encoder", "transformer", "transformer_2", "vae"):
+        module = getattr(pipe, name)
+        if module is not None:
+            storages = {
+                t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in (*module.parameters(), *module.buffers())
+            }
+            mine[name] = sum(storages.values())
+    if world_size == 1:
+        return [mine]
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    return gathered

@@ -13,7 +13,11 @@ Two optional attributes let a launcher check a request before it starts any rank
 mesh or video the pipeline would refuse, reading only the checkpoint's config files (no weights, no
 model, no process group). ``request`` uses ``from_pretrained``/``__call__``'s names (``tp``,
 ``cfg_parallel``, ``cp``, ``num_frames``, ``height``, ``width``, ``guidance_scale``...); a pipeline
-ignores the ones it does not take.
+ignores the ones it does not take. ``trnmodels plan`` reads two more: the classmethod
+``plan_memory(checkpoint_dir, *, tp, cp, cfg_parallel, num_frames, height, width, max_sequence_length,
+dtype, vae_dtype, vae_tiling, vae_patch_parallel)`` (a list of ``diffusion.memory.ComponentMemory``, one
+rank's components; see ``onboarding.plan_diffusion``) and ``release_mesh`` (``(tp, cp, cfg)``, marked in
+the plan).
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError, TrnModelsError
 from ..hf_config import CONFIG_NAME, read_config_dict, read_json_object
-
-PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "published"
+from ..published import PUBLISHED_DIR, published_names
 
 # Fields that say nothing about the architecture.
 NOISE_FIELDS = frozenset(
@@ -89,11 +88,6 @@ class ConfigSource:
         return f"{self.name} ({self.origin}: {self.path})"
 
 
-def bundled_names() -> list[str]:
-    """The published configs bundled with core, e.g. ``Llama-3.1-8B``."""
-    return sorted(str(p.parent.relative_to(PUBLISHED_DIR)) for p in PUBLISHED_DIR.rglob(CONFIG_NAME))
-
-
 def load_source(spec: str) -> ConfigSource:
     """A checkpoint folder, a ``config.json`` path, or a bundled published config's name."""
     path = Path(spec)
@@ -106,7 +100,7 @@ def load_source(spec: str) -> ConfigSource:
         return ConfigSource(spec, "bundled", bundled, read_config_dict(bundled.parent))
     raise ConfigError(
         f"{spec!r} is not a checkpoint folder, a config.json path or a bundled published config; "
-        f"bundled: {', '.join(bundled_names())}"
+        f"bundled: {', '.join(published_names())}"
     )
 
 

@@ -42,15 +42,13 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..hf_config import CONFIG_NAME
-from .diff import PUBLISHED_DIR, ConfigSource, _quiet, load_source, refusal_reason
+from .diff import ConfigSource, _quiet, load_source, refusal_reason
 from .instances import Instance, get_instance
 
 DEFAULT_MAX_NUM_SEQS = 8
 MAX_MODEL_LEN_CAP = 8192  # the default max_model_len is the config's max_position_embeddings, capped here
 BLOCK_SIZE = 32  # NeuronConfig's default tokens per KV block
 LOGITS_ITEMSIZE = 4  # compute_logits returns float32
-
-DIFFUSION_MARKERS = ("model_index.json",)
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,11 @@ def _tensor_bytes(t: Any) -> int:
 def rank_bytes(model: Any) -> RankBytes:
     """The bytes of a built model (on any device, meta included): parameters and buffers once each (a
     tied head shares the embedding's table), and its KV spec."""
+    from ..diffusion.memory import module_bytes
     from ..modules.moe import MoEExperts
     from ..parallel.layers import ParallelLMHead, VocabParallelEmbedding
 
-    params = list(model.parameters())  # shared parameters are listed once
-    weight_bytes = sum(_tensor_bytes(p) for p in params) + sum(_tensor_bytes(b) for b in model.buffers())
+    weight_bytes = module_bytes(model)
     heads = {id(m.weight) for m in model.modules() if isinstance(m, ParallelLMHead)}
     gathered = sum(
         _tensor_bytes(m.weight)
@@ -176,21 +174,12 @@ def measure_rank(
 # ------------------------------------------------------------------------------------------- the source
 
 
-def _refuse_diffusion(spec: str) -> None:
-    path = Path(spec)
-    candidates = [path, PUBLISHED_DIR / spec] if spec else [path]
-    for folder in candidates:
-        if not folder.is_dir() or (folder / CONFIG_NAME).is_file():
-            continue
-        if any((folder / m).is_file() for m in DIFFUSION_MARKERS) or (folder / "transformer_2").is_dir():
-            raise ConfigError(f"{spec!r} is a diffusion pipeline: diffusion planning is not implemented yet")
-
-
 def _check_llm_config(source: ConfigSource) -> None:
     config = source.config
     if "_diffusers_version" in config or "_class_name" in config:
         raise ConfigError(
-            f"{source.describe()} is a diffusers component config: diffusion planning is not implemented yet"
+            f"{source.describe()} is one component of a diffusers pipeline: plan the pipeline's folder "
+            "(the one holding model_index.json)"
         )
     architectures = config.get("architectures")
     if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
@@ -280,7 +269,6 @@ def plan(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"--{name.replace('_', '-')}: expected a positive integer, got {value!r}")
     torch_dtype = parse_dtype(dtype)
-    _refuse_diffusion(source)
     src = load_source(source)
     _check_llm_config(src)
     architecture = src.config["architectures"][0]

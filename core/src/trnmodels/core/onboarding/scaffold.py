@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
-from ..testing.published import PUBLISHED_DIR, published_names, shrink
+from ..published import PUBLISHED_DIR, published_names
+from ..testing.published import shrink
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")
 ARCH_SUFFIX = "ForCausalLM"

@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from ..accuracy import hf_logits
+from ..published import published_config
 
 FP32_ATOL = 1e-4  # max abs error of teacher-forced FP32 logits against the reference
-PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "published"
 
 # Fields that only set a size. Anything else must stay as published.
 SIZE_FIELDS = frozenset(
@@ -49,19 +49,6 @@ SIZE_FIELDS = frozenset(
         "base_dim", "dim_mult", "num_res_blocks", "d_model", "d_ff", "d_kv", "num_heads",
     }
 )  # fmt: skip
-
-
-def published_names() -> list[str]:
-    """The bundled checkpoints, e.g. ``Llama-3.1-8B`` (a component folder is ``name/component``)."""
-    return sorted(str(p.parent.relative_to(PUBLISHED_DIR)) for p in PUBLISHED_DIR.rglob("config.json"))
-
-
-def published_config(name: str) -> dict[str, Any]:
-    """The ``config.json`` of a bundled published checkpoint (or ``name/component``), verbatim."""
-    path = PUBLISHED_DIR / name / "config.json"
-    if not path.is_file():
-        raise KeyError(f"no published config {name!r}; bundled: {', '.join(published_names())}")
-    return json.loads(path.read_text())
 
 
 def _set(config: dict[str, Any], dotted: str, value: Any) -> None:

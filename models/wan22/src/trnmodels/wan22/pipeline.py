@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from trnmodels.core.compile.diffusion import ComponentGraph, ComponentResult
 from trnmodels.core.diffusion import CFGParallelMixin
+from trnmodels.core.diffusion.memory import ComponentMemory
 from trnmodels.core.diffusion.vae_patch_parallel import init_vae_patch_group, is_vae_rank
 from trnmodels.core.errors import ConfigError, InputError, ShardingError
 from trnmodels.core.hf_config import read_json_object
@@ -153,12 +154,27 @@ def check_request(
         )
     # diffusers' switch: guidance runs when guidance_scale > 1.
     _RequestedCFG(cfg_parallel).check_cfg_parallel(guidance_scale is None or guidance_scale > 1.0)
-    experts = {
+    experts = read_expert_configs(checkpoint_dir, index)
+    encoder = UMT5Config.from_pretrained(checkpoint_dir / "text_encoder")
+    check_tp_splits(checkpoint_dir, experts, encoder, tp)
+    if num_frames is None or height is None or width is None:
+        return
+    check_cp_split(experts["transformer"], read_vae_config(checkpoint_dir), cp, num_frames, height, width)
+
+
+def read_expert_configs(checkpoint_dir: Path, index: dict[str, Any]) -> dict[str, WanDiTConfig]:
+    """The DiT experts the checkpoint has, by component name (``transformer``, and ``transformer_2``)."""
+    return {
         name: WanDiTConfig.from_pretrained(checkpoint_dir / name)
         for name in ("transformer", "transformer_2")
         if has_component(index, checkpoint_dir, name)
     }
-    encoder = UMT5Config.from_pretrained(checkpoint_dir / "text_encoder")
+
+
+def check_tp_splits(
+    checkpoint_dir: Path, experts: dict[str, WanDiTConfig], encoder: UMT5Config, tp: int
+) -> None:
+    """Every dimension TP splits: the DiT experts' heads and FFN, the text encoder's heads and FFN."""
     splits = [
         (name, field, getattr(cfg, field))
         for name, cfg in experts.items()
@@ -170,18 +186,21 @@ def check_request(
             check_divisible(field, size, tp)
         except ShardingError as e:
             raise ShardingError(f"{checkpoint_dir / name / 'config.json'}: {e}") from None
-    if num_frames is None or height is None or width is None:
-        return
-    dit = experts["transformer"]
-    latent = video_latent_shape(
-        num_frames, height, width, patch_size=dit.patch_size, vae_config=read_vae_config(checkpoint_dir)
-    )
+
+
+def check_cp_split(
+    dit: WanDiTConfig, vae_config: dict[str, Any], cp: int, num_frames: int, height: int, width: int
+) -> int:
+    """Refuse a video size the VAE and the DiT cannot take, or whose latent tokens CP cannot split
+    evenly; returns the video's latent token count."""
+    latent = video_latent_shape(num_frames, height, width, patch_size=dit.patch_size, vae_config=vae_config)
     tokens = math.prod(size // p for size, p in zip(latent[1:], dit.patch_size, strict=True))
     if tokens % cp:
         raise InputError(
             f"context parallelism: the video's {tokens} latent tokens are not divisible by "
             f"cp_degree={cp}; pick a size whose token count the CP degree divides"
         )
+    return tokens
 
 
 class Wan22PipelineBase(CFGParallelMixin):
@@ -303,6 +322,17 @@ class Wan22PipelineBase(CFGParallelMixin):
     def check_request(cls, checkpoint_dir: str | Path, **request: Any) -> None:
         """The launcher's hook (``trnmodels.core.omni.registry.check_request``): see ``check_request``."""
         check_request(checkpoint_dir, **request)
+
+    # The seeds' release mesh for Wan2.2 A14B (vLLM-Omni Neuron's stage YAML): TP 4 x CP 8 x CFG 2, 64 cores.
+    release_mesh: ClassVar[tuple[int, int, int]] = (4, 8, 2)
+
+    @classmethod
+    def plan_memory(cls, checkpoint_dir: str | Path, **request: Any) -> list[ComponentMemory]:
+        """``trnmodels plan``'s hook (``trnmodels.core.onboarding.plan_diffusion``): one rank's components
+        for a mesh and video, from the config files alone; see ``memory.plan_memory``."""
+        from .memory import plan_memory
+
+        return plan_memory(checkpoint_dir, conditions_on_image=cls.conditions_on_image, **request)
 
     def use_vae_config(self, config: dict[str, Any]) -> None:
         """The VAE's shape facts, known on every rank (ranks without the VAE still shape the latents)."""
