@@ -9,9 +9,11 @@
 - ``trnmodels info``
 - ``trnmodels diff A B`` (Step 0 of a port, the architecture diff; see ``diff``)
 - ``trnmodels validate CHECKPOINT_DIR [--prompt TEXT | --token-ids IDS] [--tp N] [--ep N] [--bisect]
-  [--tasks]`` (Stage 4: L3, L2 and L1 against transformers; exit 1 when a level fails; see ``validate``)
+  [--tasks]`` (Stage 4: L3, L2 and L1 against transformers; exit 1 when a level fails; see ``validate``);
+  on a diffusers pipeline folder, every stage of one generation against diffusers
 - ``trnmodels new NAME --from TEMPLATE --architecture HF_ARCH`` (Stages 1-2: the plugin scaffold; see ``new``)
-- ``trnmodels plan CKPT_OR_CONFIG --instance NAME`` (Step 5 on paper, mesh memory; see ``plan``)
+- ``trnmodels plan CKPT_OR_CONFIG --instance NAME`` (Step 5 on paper, mesh memory, for LLMs and diffusion
+  pipelines; see ``plan``)
 
 ``--ep`` splits MoE experts over ranks; a run uses ``tp * ep`` local ranks.
 

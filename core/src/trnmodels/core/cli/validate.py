@@ -12,6 +12,12 @@ from ..errors import ConfigError, InputError
 from .flags import add_parallel_flags
 
 DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_NEW_TOKENS = 32
+# A diffusion pipeline is validated on a small video: parity, not quality, is the question, and every
+# stage runs four times (ours and the reference's, FP32 and BF16) on the CPU.
+PIPELINE_DEFAULTS = {"num_frames": 5, "height": 32, "width": 32, "steps": 4, "max_sequence_length": 32}
+PIPELINE_FLAGS = tuple(PIPELINE_DEFAULTS)
+LLM_FLAGS = ("token_ids", "new_tokens", "prefill_len", "tasks", "limit")
 
 
 def prompt_ids(args: argparse.Namespace) -> list[int]:
@@ -36,10 +42,10 @@ def cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
 
     checkpoint = Path(args.checkpoint_dir)
     if (checkpoint / "model_index.json").is_file() and not (checkpoint / CONFIG_NAME).is_file():
-        raise ConfigError(
-            f"{checkpoint}: a diffusers pipeline (model_index.json); validating diffusion plugins per "
-            "component and per denoising step is not implemented yet (their tests compare with diffusers)"
-        )
+        return validate_pipeline_dir(args)
+    _refuse_flags(args, PIPELINE_FLAGS, "an LLM checkpoint")
+    if args.new_tokens is None:
+        args.new_tokens = DEFAULT_NEW_TOKENS
     from ..causal_lm import check_model_config
     from ..runner.score import check_sequence_fits, check_token_ids
     from ..runtime_config import NeuronConfig
@@ -74,6 +80,29 @@ def cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], kind: str) -> None:
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+    if given:
+        raise InputError(f"{', '.join(given)}: not an option for {kind} ({args.checkpoint_dir})")
+
+
+def validate_pipeline_dir(args: argparse.Namespace) -> dict[str, Any]:
+    """A diffusers pipeline folder: every stage of one generation against the diffusers reference."""
+    from ..accuracy.pipeline_validate import ValidationRequest, validate_pipeline
+
+    _refuse_flags(args, LLM_FLAGS, "a diffusion pipeline")
+    if args.tp > 1 or args.ep > 1:
+        raise InputError(
+            "--tp/--ep: a diffusion pipeline is validated in this process at TP=1 (its TP, CP and CFG "
+            "meshes are compared with one rank by the plugin's tests)"
+        )
+    values = {name: getattr(args, name) or default for name, default in PIPELINE_DEFAULTS.items()}
+    report = validate_pipeline(args.checkpoint_dir, ValidationRequest(prompt=args.prompt, **values))
+    result = report.to_dict()
+    result["report"] = report.format()
+    return result
+
+
 def print_validate(result: dict[str, Any]) -> None:
     print(result["report"])
 
@@ -91,7 +120,9 @@ def add_validate_parser(sub: Any) -> None:
         "layer and its sub-modules inside HF BF16's own error, at TP=1), L2 (teacher-forced logits on HF's "
         "greedy continuation of the prompt: FP32 max abs error, BF16 three-way, KV-cache cosine), and L1 "
         "(lm-eval tasks, with --tasks). Exit 0 only if every level run passes; a failure prints the "
-        "bisection naming the first layer and module that departs.",
+        "bisection naming the first layer and module that departs. On a diffusers pipeline folder "
+        "(model_index.json): every stage of one generation (text encoder, each denoising step, VAE decode), "
+        "teacher-forced against diffusers in FP32 and BF16, naming the first stage that drifts.",
     )
     validate.add_argument("checkpoint_dir", type=Path)
     validate.add_argument(
@@ -101,7 +132,10 @@ def add_validate_parser(sub: Any) -> None:
     )
     validate.add_argument("--token-ids", type=int_list, default=None, help="the prompt as ids, e.g. 1,2,3")
     validate.add_argument(
-        "--new-tokens", type=positive_int, default=32, help="HF greedy tokens fed to both models (default 32)"
+        "--new-tokens",
+        type=positive_int,
+        default=None,
+        help=f"HF greedy tokens fed to both models (default {DEFAULT_NEW_TOKENS})",
     )
     validate.add_argument(
         "--prefill-len", type=positive_int, default=None, help="ids run as one prefill (default: the prompt)"
@@ -117,5 +151,12 @@ def add_validate_parser(sub: Any) -> None:
         "--tasks", action="store_true", help="also run L1, the shipped lm-eval tasks (minutes)"
     )
     validate.add_argument("--limit", type=positive_int, default=None, help="L1 documents per task")
+    pipeline = validate.add_argument_group(
+        "diffusion pipelines (a folder with model_index.json): every stage of one generation, teacher-forced "
+        "against diffusers"
+    )
+    for name, default in PIPELINE_DEFAULTS.items():
+        flag = "--" + name.replace("_", "-")
+        pipeline.add_argument(flag, type=positive_int, default=None, metavar="N", help=f"default {default}")
     validate.add_argument("--json", action="store_true", help="machine-readable output (one JSON object)")
     validate.set_defaults(run=cmd_validate, print_human=print_validate, exit_code=exit_code)

@@ -76,6 +76,22 @@ def checkpoint_architecture(checkpoint_dir: str | Path) -> str:
     return name
 
 
+def checkpoint_pipeline_hook(
+    checkpoint_dir: str | Path, hook: str, purpose: str
+) -> tuple[str, type[Any], Any]:
+    """``(architecture, pipeline class, its classmethod hook)`` for a pipeline folder; a pipeline without
+    the hook is refused, saying what it is needed for."""
+    architecture = checkpoint_architecture(checkpoint_dir)
+    pipeline = pipeline_class(architecture)
+    method = getattr(pipeline, hook, None)
+    if method is None:
+        raise ConfigError(
+            f"{checkpoint_dir}: the pipeline serving {architecture!r} ({pipeline.__name__}) has no {hook} "
+            f"classmethod, so {purpose}"
+        )
+    return architecture, pipeline, method
+
+
 def conditions_on_image(architecture: str) -> bool:
     """Whether the pipeline serving ``architecture`` generates from an image (image-to-video)."""
     return bool(getattr(pipeline_class(architecture), "conditions_on_image", False))

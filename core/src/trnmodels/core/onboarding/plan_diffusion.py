@@ -97,18 +97,13 @@ def plan_diffusion(
     vae_patch_parallel: int = 1,
 ) -> dict[str, Any]:
     """Every TP x CP x CFG mesh of ``instance`` for the pipeline in ``folder`` (see the module docstring)."""
-    from ..omni.registry import checkpoint_architecture, discover_pipelines, pipeline_class
+    from ..omni.registry import checkpoint_pipeline_hook, discover_pipelines
     from ..runtime_config import parse_dtype
 
     inst = get_instance(instance)
-    architecture = checkpoint_architecture(folder)
-    pipeline = pipeline_class(architecture)
-    hook = getattr(pipeline, "plan_memory", None)
-    if hook is None:
-        raise ConfigError(
-            f"{folder}: the pipeline serving {architecture!r} ({pipeline.__name__}) has no plan_memory "
-            "classmethod, so its components cannot be sized"
-        )
+    architecture, pipeline, hook = checkpoint_pipeline_hook(
+        folder, "plan_memory", "its components cannot be sized"
+    )
     video = _video_defaults(
         pipeline,
         {
