@@ -49,11 +49,11 @@ TINY_SIZES: Mapping[str, Any] = {
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 32,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "pad_token_id": 2,
 }
 TINY_WINDOW = 16  # a sliding window, where the published config has one
+# The test tokenizer's special ids, set whether or not the published config names them (Mistral's and
+# Mixtral's have no pad_token_id; a random checkpoint's tokenizer needs one).
+TINY_TOKEN_IDS: Mapping[str, int] = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def base_config(architecture: str) -> tuple[dict[str, Any], str]:
 def tiny_config(architecture: str) -> tuple[dict[str, Any], str]:
     """A tiny config of the architecture: its base config with only the sizes changed."""
     config, source = base_config(architecture)
-    sizes = {k: v for k, v in TINY_SIZES.items() if k in config}
+    sizes = {k: v for k, v in TINY_SIZES.items() if k in config} | dict(TINY_TOKEN_IDS)
     if isinstance(config.get("sliding_window"), int):
         sizes["sliding_window"] = TINY_WINDOW
     if isinstance(config.get("layer_types"), list):
