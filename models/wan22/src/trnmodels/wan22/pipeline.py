@@ -323,6 +323,16 @@ class Wan22PipelineBase(CFGParallelMixin):
         """The launcher's hook (``trnmodels.core.omni.registry.check_request``): see ``check_request``."""
         check_request(checkpoint_dir, **request)
 
+    @classmethod
+    def validation_stages(cls, checkpoint_dir: str | Path, request: Any, **options: Any) -> list[Any]:
+        """``trnmodels validate``'s hook (``trnmodels.core.accuracy.pipeline_validate``): the stages of one
+        generation, teacher-forced against diffusers; see ``validation.validation_stages``."""
+        from .validation import validation_stages
+
+        return validation_stages(
+            checkpoint_dir, request, conditions_on_image=cls.conditions_on_image, **options
+        )
+
     # The seeds' release mesh for Wan2.2 A14B (vLLM-Omni Neuron's stage YAML): TP 4 x CP 8 x CFG 2, 64 cores.
     release_mesh: ClassVar[tuple[int, int, int]] = (4, 8, 2)
 

@@ -23,14 +23,6 @@ class Wan22Pipeline(Wan22PipelineBase, WanPipeline):
 
     conditions_on_image = False
 
-    @classmethod
-    def validation_stages(cls, checkpoint_dir: Any, request: Any, **options: Any) -> list[Any]:
-        """``trnmodels validate``'s hook (``trnmodels.core.accuracy.pipeline_validate``): the stages of one
-        generation, teacher-forced against diffusers; see ``validation.validation_stages``."""
-        from .validation import validation_stages
-
-        return validation_stages(checkpoint_dir, request, **options)
-
     @torch.no_grad()
     def __call__(  # type: ignore[override]
         self,

@@ -1,12 +1,16 @@
-"""The stages of a Wan2.2 text-to-video generation, each teacher-forced against diffusers (``trnmodels
-validate PIPELINE_DIR``; core's ``accuracy.pipeline_validate`` runs and judges them).
+"""The stages of a Wan2.2 generation, text- or image-to-video, each teacher-forced against diffusers
+(``trnmodels validate PIPELINE_DIR``; core's ``accuracy.pipeline_validate`` runs and judges them).
 
-diffusers' ``WanPipeline`` is loaded from the same folder and run once in FP32 on the request, with its two
-experts' calls recorded (latents, timestep and text embeddings of every conditional and unconditional call).
-The stages, in the order a generation runs them:
+diffusers' pipeline (``WanPipeline``, or ``WanImageToVideoPipeline`` conditioned on ``condition_image``, a
+fixed gradient) is loaded from the same folder and run once in FP32 on the request, with its two experts'
+calls recorded (latents, with the image condition's channels for image-to-video, timestep and text
+embeddings of every conditional and unconditional call) and, for image-to-video, the video its VAE
+encodes. The stages, in the order a generation runs them:
 
 - ``text_encoder``: the prompt's tokens through our UMT5 encoder and transformers' (the real tokens'
   hidden states; diffusers zeroes the padding after the encoder);
+- ``vae encode`` (image-to-video): the conditioning video (the image, then blank frames) through our VAE's
+  encoder and diffusers', compared on the latent distribution's mode (what the pipeline takes);
 - ``step i/N (t=...)``: the DiT expert that step uses, on the inputs diffusers recorded there, both CFG
   branches;
 - ``vae decode``: the final latents diffusers produced, un-normalised as the pipeline does, through our
@@ -24,7 +28,8 @@ from typing import Any
 
 import torch
 import transformers
-from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+from diffusers import AutoencoderKLWan, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+from PIL import Image
 from transformers import AutoTokenizer
 
 from trnmodels.core.accuracy.pipeline_validate import ComponentHook, Side, StageCheck, ValidationRequest
@@ -44,7 +49,12 @@ Recorded = tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]  # expert, laten
 class Components:
     """Each side's components, loaded on first use and kept per (side, name, dtype)."""
 
-    def __init__(self, checkpoint_dir: Path, reference: WanPipeline, component_hook: ComponentHook | None):
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        reference: WanPipeline | WanImageToVideoPipeline,
+        component_hook: ComponentHook | None,
+    ):
         self.dir, self.hook = checkpoint_dir, component_hook
         self._loaded: dict[tuple[Side, str, torch.dtype], torch.nn.Module] = {
             ("reference", name, torch.float32): getattr(reference, name)
@@ -74,9 +84,26 @@ class Components:
         return WanDiT.from_pretrained(folder, dtype=dtype)
 
 
-def record_reference(reference: WanPipeline, request: dict[str, Any]) -> tuple[list[Recorded], torch.Tensor]:
-    """Run diffusers' pipeline in FP32, recording every expert call; returns the calls and final latents."""
+def condition_image(height: int, width: int) -> Image.Image:
+    """A fixed image to condition image-to-video on: colour ramps across and down, so every pixel differs."""
+    rows = torch.linspace(0, 1, height)[:, None].expand(height, width)
+    cols = torch.linspace(0, 1, width)[None, :].expand(height, width)
+    pixels = torch.stack([cols, rows, (cols + rows) / 2], dim=-1)
+    return Image.fromarray((pixels * 255).round().to(torch.uint8).numpy())
+
+
+def record_reference(
+    reference: WanPipeline | WanImageToVideoPipeline, request: dict[str, Any]
+) -> tuple[list[Recorded], list[torch.Tensor], torch.Tensor]:
+    """Run diffusers' pipeline in FP32, recording every expert call and every video its VAE encodes;
+    returns those and the final latents."""
     calls: list[Recorded] = []
+    encoded: list[torch.Tensor] = []
+    encode = reference.vae.encode
+
+    def recording_encode(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        encoded.append(x.detach().clone())
+        return encode(x, *args, **kwargs)
 
     def recorder(name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -96,6 +123,7 @@ def record_reference(reference: WanPipeline, request: dict[str, Any]) -> tuple[l
         for name in ("transformer", "transformer_2")
         if getattr(reference, name) is not None
     ]
+    reference.vae.encode = recording_encode
     try:
         latents = reference(
             **request,
@@ -105,9 +133,10 @@ def record_reference(reference: WanPipeline, request: dict[str, Any]) -> tuple[l
             output_type="latent",
         ).frames
     finally:
+        del reference.vae.encode
         for handle in handles:
             handle.remove()
-    return calls, latents
+    return calls, encoded, latents
 
 
 def _text_stage(components: Components, tokenizer: Any, prompt: str, max_sequence_length: int) -> StageCheck:
@@ -123,6 +152,8 @@ def _text_stage(components: Components, tokenizer: Any, prompt: str, max_sequenc
     ids, mask = tokens.input_ids, tokens.attention_mask
     real = int(mask.sum())
 
+    # The prompt's tokens only: the pipeline zeroes the padding's states, and every padding position holds
+    # the same state (one token, relative positions only), which would weigh one position many times over.
     def run(side: Side, dtype: torch.dtype) -> torch.Tensor:
         encoder = components.get(side, "text_encoder", dtype)
         return encoder(ids, mask).last_hidden_state[:, :real].float()
@@ -151,6 +182,14 @@ def _step_stage(components: Components, index: int, steps: int, calls: list[Reco
     return StageCheck(f"step {index + 1}/{steps} (t={t:g})", name, run)
 
 
+def _encode_stage(components: Components, video: torch.Tensor) -> StageCheck:
+    def run(side: Side, dtype: torch.dtype) -> torch.Tensor:
+        vae = components.get(side, "vae", dtype)
+        return vae.encode(video.to(dtype)).latent_dist.mode().float()
+
+    return StageCheck("vae encode", "vae", run)
+
+
 def _decode_stage(components: Components, latents: torch.Tensor) -> StageCheck:
     def run(side: Side, dtype: torch.dtype) -> torch.Tensor:
         vae = components.get(side, "vae", dtype)
@@ -167,6 +206,7 @@ def validation_stages(
     checkpoint_dir: str | Path,
     request: ValidationRequest,
     *,
+    conditions_on_image: bool = False,
     component_hook: ComponentHook | None = None,
 ) -> list[StageCheck]:
     """The stages of one generation, in order, with the reference's FP32 inputs recorded (module docstring)."""
@@ -179,9 +219,12 @@ def validation_stages(
     video_latent_shape(
         r.num_frames, r.height, r.width, patch_size=dit.patch_size, vae_config=read_vae_config(checkpoint_dir)
     )
-    reference = WanPipeline.from_pretrained(checkpoint_dir, torch_dtype=torch.float32)
+    reference_class = WanImageToVideoPipeline if conditions_on_image else WanPipeline
+    reference = reference_class.from_pretrained(checkpoint_dir, torch_dtype=torch.float32)
     reference.set_progress_bar_config(disable=True)
+    image = {"image": condition_image(r.height, r.width)} if conditions_on_image else {}
     call = {
+        **image,
         "prompt": r.prompt,
         "num_frames": r.num_frames,
         "height": r.height,
@@ -189,11 +232,12 @@ def validation_stages(
         "num_inference_steps": r.steps,
         "max_sequence_length": r.max_sequence_length,
     }
-    calls, latents = record_reference(reference, call)
+    calls, encoded, latents = record_reference(reference, call)
     components = Components(checkpoint_dir, reference, component_hook)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir / "tokenizer")
     per_step = len(calls) // r.steps  # both CFG branches of a step
     stages = [_text_stage(components, tokenizer, r.prompt, r.max_sequence_length)]
+    stages += [_encode_stage(components, video) for video in encoded]
     stages += [
         _step_stage(components, i, r.steps, calls[i * per_step : (i + 1) * per_step]) for i in range(r.steps)
     ]
