@@ -189,9 +189,19 @@ BAD = [
         "plan", "WAN_DIT_CONFIG", "is one component of a diffusers pipeline: plan the pipeline's folder"
     ),
     BadInput("plan", "--num-frames 5", "--num-frames: not an option for an LLM"),
+    BadInput("plan", "WAN_COMPONENTS", "diffusers component folders (transformer_2) but no model_index.json"),
     BadInput("plan", "--max-model-len 200000", "exceeds the model's max_position_embeddings 131072"),
     *numeric_flag_cases("plan"),
 ]
+
+
+def components_only(tmp_path: Path) -> Path:
+    """A pipeline's component configs without its model_index.json (as the reference set ships Wan2.2)."""
+    folder = tmp_path / "wan-components"
+    (folder / "transformer_2").mkdir(parents=True)
+    source = PUBLISHED_DIR / "Wan2.2-T2V-A14B-Diffusers" / "transformer_2" / "config.json"
+    (folder / "transformer_2" / "config.json").write_text(source.read_text())
+    return folder
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c.input for c in BAD])
@@ -202,6 +212,7 @@ def test_bad_input_is_one_line_exit_2(case, capsys, tmp_path):
     placeholders = {
         "NOT_JSON": str(not_json),
         "WAN_DIT_CONFIG": str(PUBLISHED_DIR / "Wan2.2-T2V-A14B-Diffusers" / "transformer_2" / "config.json"),
+        "WAN_COMPONENTS": str(components_only(tmp_path)),
     }
     argv += [placeholders.get(word, word) for word in case.input.split()]
     if not case.input.startswith("--"):  # a source replaces the default one

@@ -157,6 +157,16 @@ def test_a_diffusers_pipeline_folder_is_checked_before_any_model_loads(
     assert len(err.splitlines()) == 1 and message in err, err
 
 
+def test_component_folders_without_a_model_index_are_named(tmp_path: Path, capsys):
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(
+        json.dumps({"_class_name": "WanTransformer3DModel"})
+    )
+    assert main(["validate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(transformer) but no model_index.json" in err, err
+
+
 def test_a_missing_folder_is_one_line(tmp_path: Path, capsys):
     assert main(["validate", str(tmp_path / "nowhere")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -26,9 +26,11 @@ def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], kind: str) -
 
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from ..omni.registry import refuse_pipeline_without_index
     from ..onboarding.plan import DEFAULT_MAX_NUM_SEQS, plan
     from ..onboarding.plan_diffusion import diffusion_folder, plan_diffusion
 
+    refuse_pipeline_without_index(args.source)
     folder = diffusion_folder(args.source)
     if folder is not None:
         _refuse_flags(args, LLM_FLAGS, "a diffusion pipeline")

@@ -44,10 +44,12 @@ def prompt_ids(args: argparse.Namespace) -> list[int]:
 def cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     from ..accuracy.validate import validate_checkpoint
     from ..hf_config import CONFIG_NAME
+    from ..omni.registry import refuse_pipeline_without_index
 
     checkpoint = Path(args.checkpoint_dir)
     if (checkpoint / "model_index.json").is_file() and not (checkpoint / CONFIG_NAME).is_file():
         return validate_pipeline_dir(args)
+    refuse_pipeline_without_index(checkpoint)
     _refuse_flags(args, PIPELINE_FLAGS, "an LLM checkpoint")
     if args.prompt is None:
         args.prompt = DEFAULT_PROMPT

@@ -76,6 +76,24 @@ def checkpoint_architecture(checkpoint_dir: str | Path) -> str:
     return name
 
 
+def refuse_pipeline_without_index(folder: str | Path) -> None:
+    """A folder of diffusers component folders (``transformer/config.json``...) but no ``model_index.json``
+    and no ``config.json``: say that, rather than that a causal LM's ``config.json`` is missing."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / "model_index.json").is_file() or (folder / "config.json").is_file():
+        return
+    components = sorted(
+        sub.name
+        for sub in folder.iterdir()
+        if (sub / "config.json").is_file() or (sub / "scheduler_config.json").is_file()
+    )
+    if components:
+        raise ConfigError(
+            f"{folder}: diffusers component folders ({', '.join(components)}) but no model_index.json: a "
+            "pipeline is read from its whole checkpoint folder, which names the pipeline class there"
+        )
+
+
 def checkpoint_pipeline_hook(
     checkpoint_dir: str | Path, hook: str, purpose: str
 ) -> tuple[str, type[Any], Any]:
