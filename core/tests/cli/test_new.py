@@ -228,31 +228,36 @@ def scaffolds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return models, layered_python(tmp, [models / "mistral", models / "qwen2", models / "mixtral"])
 
 
+def assert_fails_until_the_documented_change(python: Path, plugin: Path, failure: str, marker: str) -> None:
+    """The scaffold's generated tests fail with ``failure`` in their output, and pass once the hunks
+    docs/porting.md shows after ``<!-- marker -->`` are applied to its package."""
+    failed = run_tests(python, plugin)
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert failure in failed.stdout
+    apply_hunks(plugin / "src" / "trnmodels" / plugin.name, porting_hunks(marker))
+    fixed = run_tests(python, plugin)
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
 @pytest.mark.slow
 def test_a_scaffolded_mistral_passes_and_a_scaffolded_qwen2_fails_until_the_documented_fix(scaffolds):
     models, python = scaffolds
     passed = run_tests(python, models / "mistral")
     assert passed.returncode == 0, passed.stdout[-3000:]
-
-    qwen2 = models / "qwen2"
-    failed = run_tests(python, qwen2)
-    assert failed.returncode == 1, failed.stdout[-3000:]
-    assert "unexpected keys: model.layers.0.self_attn.k_proj.bias" in failed.stdout
-    apply_hunks(qwen2 / "src" / "trnmodels" / "qwen2", porting_hunks("qwen2-fix"))
-    fixed = run_tests(python, qwen2)
-    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert_fails_until_the_documented_change(
+        python, models / "qwen2", "unexpected keys: model.layers.0.self_attn.k_proj.bias", "qwen2-fix"
+    )
 
 
 @pytest.mark.slow
 def test_a_scaffolded_mixtral_fails_at_its_config_until_the_documented_port(scaffolds):
     models, python = scaffolds
-    mixtral = models / "mixtral"
-    failed = run_tests(python, mixtral)
-    assert failed.returncode == 1, failed.stdout[-3000:]
-    assert "layer_types has sliding_attention layers but sliding_window is not set" in failed.stdout
-    apply_hunks(mixtral / "src" / "trnmodels" / "mixtral", porting_hunks("mixtral-fix"))
-    fixed = run_tests(python, mixtral)
-    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert_fails_until_the_documented_change(
+        python,
+        models / "mixtral",
+        "layer_types has sliding_attention layers but sliding_window is not set",
+        "mixtral-fix",
+    )
 
 
 def test_diff_points_at_the_same_change():
