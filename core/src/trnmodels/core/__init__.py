@@ -1,3 +1,6 @@
 """trnmodels core: the building blocks every trnmodels plugin is made of."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# The one version is the distribution's (pyproject.toml): a release bumps it there only.
+__version__ = version("trnmodels-core")

@@ -4,7 +4,10 @@ Importing this package is cheap (no torch, no diffusers): it only names the pipe
 module is imported when something resolves its ``"module:Class"`` string.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# The one version is the distribution's (pyproject.toml): a release bumps it there only.
+__version__ = version("trnmodels-wan22")
 
 # Architecture key -> "module:Class" of the class vLLM-Omni's diffusion engine instantiates for it (the
 # engine contract, ``trnmodels.core.omni.engine``); its ``pipeline_class`` is the diffusers-style
