@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .errors import ReleaseError
 
-HEADING = re.compile(r"^## \[(?P<version>[^\]]+)\](?: - (?P<date>.*?))?\s*$", re.MULTILINE)
+# [ \t]*, not \s*: the heading's span must stop at its own line end, or dating it eats the blank line.
+HEADING = re.compile(r"^## \[(?P<version>[^\]]+)\](?: - (?P<date>.*?))?[ \t]*$", re.MULTILINE)
 UNRELEASED = "Unreleased"
 
 

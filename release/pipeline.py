@@ -116,6 +116,8 @@ class Release:
         smoke = env.smoke(self.pkg, str(self.pkg.version), core_version, self.work / "smoke")
         self.step("install", {"environment": str(env.path), "installed": taken, "smoke": smoke})
         cells = self.matrix_cells(index)
+        if not cells:
+            self.log("[release] matrix: no plugin has a recorded release to check against this core")
         results = []
         for plugin, version, core, head_wheel in cells:
             pins = [f"{plugin.name}=={version}"] + ([] if head_wheel else [f"{self.core.name}=={core}"])
