@@ -16,6 +16,24 @@ def test_import_is_cheap():
     assert out.stdout.strip() == "False"
 
 
+def test_info_lists_the_plugin_with_its_distributions_version(capsys):
+    import json
+    from importlib.metadata import version
+
+    from trnmodels.core.cli import main
+
+    assert main(["info", "--json"]) == 0
+    listed = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
+    assert listed["wan22"] == {
+        "name": "wan22",
+        "version": version("trnmodels-wan22"),
+        "distribution": "trnmodels-wan22",
+        "architectures": sorted(wan22.PIPELINE_REGISTRY),
+        "kind": "diffusion",
+    }
+    assert listed["llama3"]["kind"] == "llm"
+
+
 def test_registry_entries_resolve_to_engine_classes_of_the_pipelines():
     from trnmodels.wan22.omni import Wan22I2VOmniPipeline, Wan22OmniPipeline
     from trnmodels.wan22.pipeline_i2v import Wan22ImageToVideoPipeline

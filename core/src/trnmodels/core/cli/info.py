@@ -8,6 +8,7 @@ from typing import Any
 
 def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
     from .. import __version__, neuron
+    from ..omni.registry import diffusion_plugins
     from ..plugins import discover_plugins
 
     plugins = discover_plugins()
@@ -20,9 +21,11 @@ def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
                 "version": p.version,
                 "distribution": p.distribution,
                 "architectures": list(p.architectures),
+                "kind": "llm",
             }
             for p in plugins.values()
-        ],
+        ]
+        + [{**p, "kind": "diffusion"} for p in diffusion_plugins()],
     }
 
 

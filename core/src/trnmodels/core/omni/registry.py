@@ -49,6 +49,23 @@ def discover_pipelines() -> dict[str, tuple[str, str]]:
     return found
 
 
+def diffusion_plugins() -> list[dict[str, Any]]:
+    """Each installed diffusion plugin: name, version, distribution and the architectures it registers."""
+    pipelines = discover_pipelines()
+    plugins = []
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = ep.dist
+        plugins.append(
+            {
+                "name": ep.name,
+                "version": dist.version if dist else "unknown",
+                "distribution": dist.name if dist else None,
+                "architectures": sorted(a for a, (plugin, _) in pipelines.items() if plugin == ep.name),
+            }
+        )
+    return plugins
+
+
 def pipeline_class(architecture: str) -> type[Any]:
     """The diffusers-style pipeline serving ``architecture`` (the registered engine class's ``pipeline_class``)."""
     pipelines = discover_pipelines()

@@ -313,6 +313,7 @@ class CausalLMConformance:
             "version": metadata.version(plugin.distribution),
             "distribution": plugin.distribution,
             "architectures": list(plugin.architectures),
+            "kind": "llm",
         }
         assert listed in json.loads(capsys.readouterr().out)["plugins"]
 
