@@ -40,7 +40,7 @@ def _clean_env() -> dict[str, str]:
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=_clean_env(), capture_output=True, text=True)
     if proc.returncode != 0:
-        detail = (proc.stderr.strip() or proc.stdout.strip())[-800:]
+        detail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
         raise ReleaseError(f"{what} failed: {detail}")
     return proc.stdout
 

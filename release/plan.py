@@ -87,7 +87,7 @@ def make_plan(root: Path) -> list[PlanEntry]:
 def format_plan(entries: list[PlanEntry]) -> str:
     rows = [("package", "distribution", "HEAD", "released", "action", "why")]
     for e in entries:
-        head = e.version + ("" if e.bumped or e.released is None else " (not bumped)")
+        head = e.version + (" (not bumped)" if e.action == "release" and not e.bumped else "")
         rows.append((e.package, e.name, head, e.released or "-", e.action, e.reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

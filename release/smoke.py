@@ -19,7 +19,7 @@ def trnmodels(*args: str) -> str:
     exe = Path(sys.executable).with_name("trnmodels")
     proc = subprocess.run([str(exe), *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"`trnmodels {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()[-600:]}")
+        sys.exit(f"`trnmodels {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
     return proc.stdout
 
 
