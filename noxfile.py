@@ -30,6 +30,11 @@ Sessions:
                      disabled; integration/vllm/tests
     bench-vllm       plugin vs vLLM's own implementation under one serving load into docs/benchmarks/vllm.md
                      (llama3; `-- PLUGIN --out PAGE` for another plugin)
+    release-plan     which packages changed since their recorded release (release/record.json); `-- --json`
+    release-<pkg>    release one package (core or a model): gates, uv build --no-sources, twine check, a local
+                     pypiserver index (dist/index), fresh-venv install + smoke test, compatibility matrix,
+                     record (`-- --recorded`: re-cut the recorded release, as the tag workflow does)
+    release-seed     publish every recorded release, rebuilt from its commit, to the local index
 
 ``nox`` alone runs ``tests`` and ``lint``. Use ``nox -r`` to reuse environments (the sync
 is then a quick no-op) or ``nox -R`` to skip the sync entirely.
