@@ -53,9 +53,14 @@ def check_llm(plugin: str, work: Path) -> dict:
     error = (ours - expected).abs().max().item()
     if not torch.isfinite(ours).all() or error > 1e-4 + 1e-4 * expected.abs().max().item():
         sys.exit(f"trnmodels logits differs from transformers by {error:.3g} on the tiny config")
-    plugins = {ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}
-    if "trnmodels.core.vllm.registration:register" not in plugins:
-        sys.exit(f"no vllm.general_plugins entry point registers trnmodels (found {sorted(plugins)})")
+    distribution = f"trnmodels-{plugin.replace('_', '-')}"
+    declared = {
+        ep.value
+        for ep in metadata.entry_points(group="vllm.general_plugins")
+        if ep.dist is not None and ep.dist.name.replace("_", "-") == distribution
+    }
+    if declared != {"trnmodels.core.vllm.registration:register"}:
+        sys.exit(f"{distribution}'s vllm.general_plugins entry points are {sorted(declared)}")
     return {"logits_max_abs_error": error, "vllm_entry_point": True}
 
 

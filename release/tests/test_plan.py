@@ -62,3 +62,20 @@ def test_plan_json_and_table(workspace, monkeypatch, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["package", "distribution", "HEAD", "released", "action", "why"]
     assert table[2].split()[:5] == ["core", "trnmodels-core", "0.1.0", "-", "release"]
+
+
+def test_the_command_line_refuses_in_one_line(workspace, monkeypatch, capsys):
+    import release.__main__ as cli
+
+    monkeypatch.setattr(cli, "ROOT", workspace)
+    assert main(["run", "mixtral"]) == 1
+    assert capsys.readouterr().err == "release refused: no package 'mixtral': the packages are core, toy\n"
+    assert main(["resolve-tag", "trnmodels-toy-v0.1.0"]) == 1
+    assert "the recorded release of trnmodels-toy is none, not 0.1.0" in capsys.readouterr().err
+    assert main(["resolve-tag", "llama3-0.1.0"]) == 1
+    assert "is not of the form trnmodels-<package>-vX.Y.Z" in capsys.readouterr().err
+    record_releases(workspace, core="0.1.0", toy="0.1.0")
+    assert main(["resolve-tag", "trnmodels-toy-v0.1.0"]) == 0
+    assert capsys.readouterr().out == "toy\n"
+    assert main(["notes", "toy"]) == 0
+    assert capsys.readouterr().out == "### Added\n- trnmodels-toy itself.\n"
