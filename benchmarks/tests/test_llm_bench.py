@@ -269,26 +269,21 @@ def test_write_report(tmp_path: Path, workloads: int) -> None:
     assert paths[1].read_bytes().startswith(b"\x89PNG")
 
 
+def fresh_process_probe(name: str) -> dict:
+    """A probe of ``_memory_probes`` run in a fresh process with the benchmark's allocator settings."""
+    return measure.run_in_fresh_process(f"benchmarks.tests._memory_probes:{name}", env=measure.EXACT_RSS_ENV)
+
+
 @linux_only
 def test_peak_memory_sees_an_allocation() -> None:
-    with measure.PeakMemory() as memory:
-        block = torch.ones(64 << 18)  # 64 MiB, touched
-    del block
-    assert memory.result["peak_added"] > 48 << 20
-    assert memory.result["anon_added"] > 48 << 20
+    result = fresh_process_probe("peak_of_a_64mib_block")
+    assert result["peak_added"] > 48 << 20
+    assert result["anon_added"] > 48 << 20
 
 
 @linux_only
 def test_case_memory_splits_the_model_from_the_pass() -> None:
-    def build():
-        model = torch.ones(64 << 18)  # 64 MiB the case holds
-
-        def run():
-            return (model[: 32 << 18] * 2).sum()  # a 32 MiB temporary
-
-        return run
-
-    memory = measure.case_memory(build)
+    memory = fresh_process_probe("case_memory_of_a_64mib_model")
     assert 48 << 20 < memory["build_added"] < 96 << 20
     assert 24 << 20 < memory["pass_added"] < 64 << 20
     assert memory["peak_added"] >= memory["build_added"] + memory["pass_added"] - (4 << 20)
