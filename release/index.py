@@ -83,6 +83,8 @@ class LocalIndex:
     def __enter__(self) -> LocalIndex:
         if self.port is not None and port_taken(self.port):
             raise ReleaseError(f"port {self.port} on {HOST} is already in use: pick another with --port")
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ReleaseError(f"--index-dir: {self.folder} is a file; expected the index's package folder")
         self.port = self.port or free_port()
         self.folder.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pypiserver", "run", "-i", HOST, "-p", str(self.port)]

@@ -60,3 +60,11 @@ def test_a_port_already_taken(tmp_path):
         port = busy.getsockname()[1]
         with pytest.raises(ReleaseError, match=f"port {port} on 127.0.0.1 is already in use"):
             LocalIndex(tmp_path / "index", port).__enter__()
+
+
+def test_an_index_folder_that_is_a_file(tmp_path):
+    path = tmp_path / "index"
+    path.write_text("not a folder")
+    with pytest.raises(ReleaseError, match=f"--index-dir: {path} is a file"):
+        LocalIndex(path).__enter__()
+    assert path.read_text() == "not a folder"
