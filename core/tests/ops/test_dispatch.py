@@ -8,9 +8,12 @@ from trnmodels.core import neuron
 from trnmodels.core.errors import BackendUnavailableError, ConfigError
 from trnmodels.core.ops import dispatch, norm
 from trnmodels.core.ops.dispatch import (
+    CPU_KERNELS_ENV_VAR,
     ENV_VAR,
+    cpu_kernels_enabled,
     current_backend,
     kernel_op,
+    register_cpu,
     register_nki,
     select_backend,
     use_backend,
@@ -27,6 +30,7 @@ no_sdk = pytest.mark.skipif(neuron.sdk_available(), reason="the Neuron SDK impor
 @pytest.fixture(autouse=True)
 def _clean_backend(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(CPU_KERNELS_ENV_VAR, raising=False)
     assert dispatch._forced is None
 
 
@@ -262,3 +266,51 @@ def test_fake_does_not_leak():
     assert "test_scaled_copy" not in dispatch._REFERENCES
     assert neuron.sdk_available is _REAL_SDK_AVAILABLE
     assert neuron.is_neuron_tensor is _REAL_IS_NEURON_TENSOR
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU kernels
+# --------------------------------------------------------------------------------------------------
+
+
+def _experts_call():
+    return torch.zeros(2, 4), torch.zeros(3, 4, 6), torch.zeros(3, 3, 4), torch.zeros(2, 3)
+
+
+def test_cpu_kernel_runs_by_default_and_the_torch_backend_runs_the_reference(monkeypatch):
+    assert "moe_experts" in cpu_kernels_enabled()
+    assert select_backend("moe_experts", *_experts_call()) == "cpu"
+    assert select_backend("rms_norm", torch.zeros(2)) == "torch"  # no CPU kernel: the reference
+    with use_backend("torch"):
+        assert select_backend("moe_experts", *_experts_call()) == "torch"
+    monkeypatch.setenv(ENV_VAR, "torch")
+    assert select_backend("moe_experts", *_experts_call()) == "torch"
+
+
+@pytest.mark.parametrize(("value", "expected"), [("none", "torch"), ("moe_experts", "cpu"), (" all ", "cpu")])
+def test_cpu_kernels_env_var_selects_per_op(monkeypatch, value, expected):
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, value)
+    assert select_backend("moe_experts", *_experts_call()) == expected
+
+
+def test_cpu_kernels_env_var_names_an_op_without_a_kernel(monkeypatch):
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "moe_experts,rms_norm")
+    with pytest.raises(ConfigError, match=r"TRNMODELS_CPU_KERNELS: no CPU kernel for \['rms_norm'\]"):
+        select_backend("moe_experts", *_experts_call())
+
+
+def test_cpu_kernel_predicate_rejects_to_the_reference(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dispatch, "_cpu_impls", {"rms_norm": lambda *a, **k: calls.append(a)})
+    monkeypatch.setattr(dispatch, "_cpu_supports", {"rms_norm": lambda x, *a, **k: x.shape[-1] == 8})
+    x, w = _inputs()
+    ops.rms_norm(x, w, EPS)
+    assert len(calls) == 1
+    torch.testing.assert_close(ops.rms_norm(x[:, :4], w[:4], EPS), _hand_rms_norm(x[:, :4], w[:4]))
+    assert len(calls) == 1
+
+
+def test_register_cpu_unknown_op_raises():
+    with pytest.raises(ConfigError, match="no_such_op"):
+        register_cpu("no_such_op", lambda *a, **k: None)
+    assert "no_such_op" not in dispatch._cpu_impls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 import transformers.models.gpt_oss.modeling_gpt_oss as gpt_oss
@@ -12,6 +13,18 @@ from trnmodels.core.accuracy import assert_close_three_way
 
 E, H, INTER, K, T = 4, 32, 24, 2, 11
 SEED = 1234
+
+
+@pytest.fixture(params=["reference", "cpu"])
+def experts_kernel(request):
+    """Each experts test runs the PyTorch reference (all experts on all tokens) and the CPU kernel
+    (each expert on its chosen tokens only)."""
+    if request.param == "reference":
+        with ops.use_backend("torch"):
+            yield request.param
+    else:
+        assert ops.select_backend("moe_experts", torch.zeros(1)) == "cpu"
+        yield request.param
 
 
 def gpt_oss_mlp(dtype=torch.float32) -> gpt_oss.GptOssMLP:
@@ -47,7 +60,7 @@ def ours_gpt_oss(mlp: gpt_oss.GptOssMLP, x: torch.Tensor, experts: slice = slice
     )
 
 
-def test_gpt_oss_moe_block_fp32():
+def test_gpt_oss_moe_block_fp32(experts_kernel):
     mlp = gpt_oss_mlp()
     x = torch.randn(T, H)
     with torch.no_grad():
@@ -55,7 +68,7 @@ def test_gpt_oss_moe_block_fp32():
         torch.testing.assert_close(ours_gpt_oss(mlp, x), expected[0], atol=1e-5, rtol=1e-5)
 
 
-def test_gpt_oss_moe_block_bf16_three_way():
+def test_gpt_oss_moe_block_bf16_three_way(experts_kernel):
     torch.manual_seed(SEED)
     x = torch.randn(256, H)  # enough elements for the error histograms to be meaningful
     with torch.no_grad():
@@ -65,7 +78,7 @@ def test_gpt_oss_moe_block_bf16_three_way():
     assert_close_three_way(target, expected, baseline, name="gpt_oss_moe")
 
 
-def test_expert_parallel_partials_sum_to_the_whole():
+def test_expert_parallel_partials_sum_to_the_whole(experts_kernel):
     """Two ranks of two experts each: the partial outputs add up to the full block (EP's all-reduce)."""
     mlp = gpt_oss_mlp()
     x = torch.randn(T, H)
@@ -75,7 +88,7 @@ def test_expert_parallel_partials_sum_to_the_whole():
     torch.testing.assert_close(parts, whole, atol=1e-5, rtol=1e-5)
 
 
-def test_unchosen_experts_do_not_count():
+def test_unchosen_experts_do_not_count(experts_kernel):
     mlp = gpt_oss_mlp()
     x = torch.randn(T, H)
     logits = torch.nn.functional.linear(x, mlp.router.weight, mlp.router.bias)
@@ -113,3 +126,29 @@ def test_combine_matrix_hand_values():
     torch.testing.assert_close(
         ops.combine_matrix(weights, experts, 2, first_expert=2), torch.tensor([[0.7, 0.0], [0.0, 0.4]])
     )
+
+
+def test_cpu_kernel_skips_tokens_routed_elsewhere_and_idle_experts():
+    """Hand-built routing: expert 1 has no token, token 2 chose only another rank's experts."""
+    torch.manual_seed(3)
+    x = torch.randn(3, H)
+    gate_up, down = torch.randn(3, H, 2 * INTER) * 0.1, torch.randn(3, INTER, H) * 0.1
+    combine = torch.tensor([[0.25, 0.0, 0.75], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    expected = torch.zeros(3, H)
+    for t, e in [(0, 0), (0, 2), (1, 2)]:
+        h = x[t] @ gate_up[e]
+        expected[t] += combine[t, e] * (ops.clamped_swiglu(h[::2], h[1::2], 1.702, 7.0) @ down[e])
+    torch.testing.assert_close(ops.experts_ffn(x, gate_up, down, combine), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_graph_capture_keeps_the_static_reference():
+    """torch.export (the compile driver's capture) traces the all-experts reference: the CPU kernel's
+    per-expert row counts depend on the routing and would not give one static graph."""
+
+    class Experts(torch.nn.Module):
+        def forward(self, x, gate_up, down, combine):
+            return ops.experts_ffn(x, gate_up, down, combine)
+
+    args = (torch.randn(T, H), torch.randn(E, H, 2 * INTER), torch.randn(E, INTER, H), torch.rand(T, E))
+    graph = str(torch.export.export(Experts(), args, strict=True).graph)
+    assert "aten.bmm" in graph and "nonzero" not in graph

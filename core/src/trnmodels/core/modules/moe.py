@@ -90,6 +90,13 @@ def _intermediate_columns(
     )
 
 
+def _out_in_memory(experts: int, fan_in: int, fan_out: int, dtype: torch.dtype) -> torch.Tensor:
+    """An ``[experts, fan_in, fan_out]`` tensor laid out as ``[experts, fan_out, fan_in]`` in memory
+    (nn.Linear's order): ``ops.experts_ffn``'s batched matmuls then reduce over contiguous memory, which a
+    CPU without native BF16 needs to run a BF16 matmul fast. Loading copies into it and keeps the layout."""
+    return torch.empty(experts, fan_out, fan_in, dtype=dtype).transpose(1, 2)
+
+
 class MoEExperts(nn.Module):
     """This rank's ``E / ep`` experts: ``gate_up [E_local, H, 2 I_local]``, ``down [E_local, I_local, H]``.
 
@@ -126,8 +133,8 @@ class MoEExperts(nn.Module):
         self.num_local = experts_per_rank(num_experts, self.ep.world_size)
         self.first_expert = self.ep.rank * self.num_local
         inter = check_divisible("intermediate_size", intermediate_size, self.tp.world_size)
-        self.gate_up = nn.Parameter(torch.empty(self.num_local, hidden_size, 2 * inter, dtype=dtype), False)
-        self.down = nn.Parameter(torch.empty(self.num_local, inter, hidden_size, dtype=dtype), False)
+        self.gate_up = nn.Parameter(_out_in_memory(self.num_local, hidden_size, 2 * inter, dtype), False)
+        self.down = nn.Parameter(_out_in_memory(self.num_local, inter, hidden_size, dtype), False)
         self.gate_up_bias = (
             nn.Parameter(torch.empty(self.num_local, 2 * inter, dtype=dtype), False) if bias else None
         )

@@ -1,7 +1,8 @@
-"""Functional ops. Each has a PyTorch reference and dispatches to an NKI kernel where one can run."""
+"""Functional ops. Each has a PyTorch reference and dispatches to an NKI kernel, or a CPU kernel, where one
+can run."""
 
 from .attention import attention, decode_attention, gather_paged, prefill_attention, scaled_dot_product
-from .dispatch import current_backend, kernel_op, register_nki, select_backend, use_backend
+from .dispatch import current_backend, kernel_op, register_cpu, register_nki, select_backend, use_backend
 from .mlp import clamped_swiglu, gated_mlp
 from .moe import combine_matrix, experts_ffn, route
 from .norm import layer_norm, rms_norm
@@ -25,6 +26,7 @@ __all__ = [
     "kernel_op",
     "layer_norm",
     "prefill_attention",
+    "register_cpu",
     "register_nki",
     "rms_norm",
     "route",
@@ -33,3 +35,6 @@ __all__ = [
     "select_backend",
     "use_backend",
 ]
+
+# The CPU kernels register with the dispatch on import: importing the ops is enough to use them.
+from .. import cpu as _cpu  # noqa: F401

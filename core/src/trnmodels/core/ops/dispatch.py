@@ -1,10 +1,15 @@
-"""Kernel dispatch: every functional op has a PyTorch reference, and an NKI kernel where one can run.
+"""Kernel dispatch: every functional op has a PyTorch reference, an NKI kernel where one can run, and a
+CPU kernel where one is faster than the reference on CPU.
 
 The rule: the NKI implementation is used only when the Neuron SDK imports, an NKI adapter is registered
 for the op (``register_nki``; see ``neuron.kernels`` for the kernel each op targets), the op's first
-tensor lives on a Neuron device, and the op's own shape predicate accepts the call.
+tensor lives on a Neuron device, and the op's own shape predicate accepts the call. A CPU kernel
+(``register_cpu``; the kernels are in ``trnmodels.core.cpu``) is used when the op's first tensor lives on
+the CPU, the call is eager (graph capture keeps the static reference), its predicate accepts the call and ``TRNMODELS_CPU_KERNELS`` enables it (default ``all``;
+``none``, or a comma-separated list of ops, to bisect a regression).
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
-forcing ``nki`` where it cannot run raises instead of silently falling back.
+``torch`` runs the PyTorch reference of every op; forcing ``nki`` where it cannot run raises instead of
+silently falling back.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ R = TypeVar("R")
 
 BACKENDS = ("auto", "torch", "nki")
 ENV_VAR = "TRNMODELS_KERNEL_BACKEND"
+CPU_KERNELS_ENV_VAR = "TRNMODELS_CPU_KERNELS"
 
 _forced: str | None = None
 _nki_impls: dict[str, Callable[..., Any]] = {}
 _nki_supports: dict[str, Callable[..., bool]] = {}
+_cpu_impls: dict[str, Callable[..., Any]] = {}
+_cpu_supports: dict[str, Callable[..., bool]] = {}
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
@@ -60,13 +68,47 @@ def register_nki(op: str, impl: Callable[..., Any], supports: Callable[..., bool
     ``supports(*args, **kwargs)`` is the adapter's own shape predicate (e.g. a kernel's head-size limit):
     calls it rejects run the PyTorch reference under ``auto`` and are an error under forced ``nki``.
     """
+    _bind("register_nki", _nki_impls, _nki_supports, op, impl, supports)
+
+
+def register_cpu(op: str, impl: Callable[..., Any], supports: Callable[..., bool] | None = None) -> None:
+    """Bind a CPU kernel to an op (``trnmodels.core.cpu`` does, at import). ``supports(*args, **kwargs)``
+    is its predicate: calls it rejects run the PyTorch reference."""
+    _bind("register_cpu", _cpu_impls, _cpu_supports, op, impl, supports)
+
+
+def _bind(
+    caller: str,
+    impls: dict[str, Callable[..., Any]],
+    predicates: dict[str, Callable[..., bool]],
+    op: str,
+    impl: Callable[..., Any],
+    supports: Callable[..., bool] | None,
+) -> None:
     if op not in _REFERENCES:
-        raise ConfigError(f"register_nki: unknown op {op!r}; known ops: {sorted(_REFERENCES)}")
-    _nki_impls[op] = impl
+        raise ConfigError(f"{caller}: unknown op {op!r}; known ops: {sorted(_REFERENCES)}")
+    impls[op] = impl
     if supports is None:
-        _nki_supports.pop(op, None)
+        predicates.pop(op, None)
     else:
-        _nki_supports[op] = supports
+        predicates[op] = supports
+
+
+def cpu_kernels_enabled() -> list[str]:
+    """The ops whose CPU kernel ``TRNMODELS_CPU_KERNELS`` enables (``all``, ``none`` or a list of ops)."""
+    value = os.environ.get(CPU_KERNELS_ENV_VAR, "all").strip()
+    if value == "all":
+        return sorted(_cpu_impls)
+    if value == "none":
+        return []
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in _cpu_impls]
+    if unknown:
+        raise ConfigError(
+            f"{CPU_KERNELS_ENV_VAR}: no CPU kernel for {unknown}; expected 'all', 'none' or a "
+            f"comma-separated list of {sorted(_cpu_impls)}"
+        )
+    return sorted(names)
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:
@@ -75,7 +117,7 @@ def _nki_impl(op: str) -> Callable[..., Any] | None:
 
 
 def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
-    """Which backend runs this call of ``op``: ``"torch"`` or ``"nki"``."""
+    """Which backend runs this call of ``op``: ``"torch"``, ``"nki"`` or ``"cpu"``."""
     mode = current_backend()
     if mode == "torch":
         return "torch"
@@ -108,21 +150,35 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
         and (adapter_supports is None or adapter_supports(*args, **kwargs))
     ):
         return "nki"
+    if (
+        first is not None
+        and first.device.type == "cpu"
+        # A captured graph keeps the reference: CPU kernels may branch on values (token-sparse MoE).
+        and not torch.compiler.is_compiling()
+        and op in _cpu_impls
+        and op in cpu_kernels_enabled()
+        and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
+    ):
+        return "cpu"
     return "torch"
 
 
 def kernel_op(
     name: str, supports: Callable[..., bool] | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Make a PyTorch reference function the public op ``name``, dispatching to NKI where it can run."""
+    """Make a PyTorch reference function the public op ``name``, dispatching to NKI or a CPU kernel where
+    one can run."""
 
     def wrap(reference: Callable[P, R]) -> Callable[P, R]:
         _REFERENCES[name] = reference
 
         @functools.wraps(reference)
         def op(*args: P.args, **kwargs: P.kwargs) -> R:
-            if select_backend(name, *args, supports=supports, **kwargs) == "nki":
+            backend = select_backend(name, *args, supports=supports, **kwargs)
+            if backend == "nki":
                 return _nki_impls[name](*args, **kwargs)
+            if backend == "cpu":
+                return _cpu_impls[name](*args, **kwargs)
             return reference(*args, **kwargs)
 
         op.reference = reference  # type: ignore[attr-defined]
