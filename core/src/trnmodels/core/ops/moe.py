@@ -87,7 +87,7 @@ def experts_ffn(
     """
     # Batched matmuls, not einsum: einsum permutes its operands into a copy before its bmm (5x slower in
     # FP32 here), and a BF16 bmm is fast on CPUs without native BF16 only when the weight's reduced dim is
-    # contiguous (``MoEExperts`` stores its weights so: [E, out, in] memory), 20-50x otherwise.
+    # contiguous (``MoEExperts`` stores BF16 weights so: [E, out, in] memory), 20-50x otherwise.
     h = torch.bmm(x.expand(gate_up.shape[0], *x.shape), gate_up)
     if gate_up_bias is not None:
         h = h + gate_up_bias[:, None, :]
