@@ -5,8 +5,9 @@ The rule: the NKI implementation is used only when the Neuron SDK imports, an NK
 for the op (``register_nki``; see ``neuron.kernels`` for the kernel each op targets), the op's first
 tensor lives on a Neuron device, and the op's own shape predicate accepts the call. A CPU kernel
 (``register_cpu``; the kernels are in ``trnmodels.core.cpu``) is used when the op's first tensor lives on
-the CPU, the call is eager (graph capture keeps the static reference), its predicate accepts the call and ``TRNMODELS_CPU_KERNELS`` enables it (default ``all``;
-``none``, or a comma-separated list of ops, to bisect a regression).
+the CPU, the call is eager (graph capture keeps the static reference), its predicate accepts the call
+and ``TRNMODELS_CPU_KERNELS`` enables it (default ``all``; ``none``, or a comma-separated list of ops,
+to bisect a regression).
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
 ``torch`` runs the PyTorch reference of every op; forcing ``nki`` where it cannot run raises instead of
 silently falling back.
