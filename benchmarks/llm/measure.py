@@ -84,12 +84,12 @@ def shard_files(checkpoint_dir: str | Path) -> list[Path]:
 
 
 def make_checkpoint(plugin_name: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
-    """Random weights for the plugin's bundled ``bench`` config, saved by transformers in ≥2 shards;
-    ``checkpoint_info`` of it."""
+    """Random weights for the plugin's bundled ``bench`` config, saved by transformers in ≥2 shards with a
+    tokenizer trained here; ``checkpoint_info`` of it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trnmodels.core.plugins import discover_plugins
-    from trnmodels.core.testing import save_checkpoint
+    from trnmodels.core.testing import save_checkpoint, train_tokenizer
 
     plugins = discover_plugins()
     if plugin_name not in plugins:
@@ -100,7 +100,9 @@ def make_checkpoint(plugin_name: str, out_dir: str | Path, seed: int = 0) -> dic
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    save_checkpoint(model, out_dir, max_shard_size=param_bytes // 3 + 1)
+    # A tokenizer only so `trnmodels generate` can run on it (its start-up is measured).
+    tokenizer = train_tokenizer(vocab_size=config.vocab_size)
+    save_checkpoint(model, out_dir, tokenizer, max_shard_size=param_bytes // 3 + 1)
     files = shard_files(out_dir)
     if len(files) < 2:
         raise RuntimeError(f"expected a sharded checkpoint, got {[f.name for f in files]}")
@@ -444,22 +446,106 @@ def hf_generate(model: Any, pad_id: int) -> Generate:
 # -- compile ----------------------------------------------------------------------------------------
 
 
-def compile_times(target: Any, specs: Sequence[Any], cache_dir: str, jobs: int) -> dict[str, Any]:
-    """``compile_all`` into a fresh cache (cold), then again into the same cache (warm: all hits)."""
-    from trnmodels.core.compile import compile_all
+def cold_compile(checkpoint_dir: str, cache_dir: str, jobs: int) -> dict[str, Any]:
+    """``compile_all`` of the bench runner's graphs into an empty cache (run in a fresh process, with its own
+    empty Inductor cache, so nothing is warm)."""
+    from trnmodels.core.compile import CompileTarget, compile_all
 
     start = time.perf_counter()
-    cold = compile_all(target, cache_dir, jobs=jobs, specs=specs)
-    cold_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    warm = compile_all(target, cache_dir, jobs=jobs, specs=specs)
-    warm_seconds = time.perf_counter() - start
+    graphs = compile_all(CompileTarget(checkpoint_dir, BENCH_RUNNER), cache_dir, jobs=jobs)
     return {
         "jobs": jobs,
-        "cold_seconds": cold_seconds,
+        "seconds": time.perf_counter() - start,
+        "graphs": [{"name": g.name, "seconds": g.seconds, "cache": g.cache} for g in graphs],
+    }
+
+
+def runner_flags(runner: RunnerConfig) -> list[str]:
+    """The CLI flags that give ``runner``."""
+    return [
+        "--max-num-seqs", str(runner.max_num_seqs), "--max-model-len", str(runner.max_model_len),
+        "--block-size", str(runner.block_size),
+        "--num-batched-tokens-buckets", ",".join(map(str, runner.num_batched_tokens_buckets)),
+        "--num-seqs-buckets", ",".join(map(str, runner.num_seqs_buckets)),
+        "--context-len-buckets", ",".join(map(str, runner.context_len_buckets)),
+    ]  # fmt: skip
+
+
+def cli_seconds(args: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """Wall and CPU (user + system) seconds of one ``trnmodels`` command in a new process, and its output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trnmodels.core.cli", *args], capture_output=True, text=True, env=dict(env)
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise RuntimeError(f"trnmodels {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "output": proc.stdout}
+
+
+def cli_start_up(checkpoint_dir: str, cache_dir: str, work_dir: Path, repeats: int) -> dict[str, Any]:
+    """A warm ``trnmodels compile`` (all hits) against ``trnmodels info`` (the CLI's imports alone), and
+    ``trnmodels generate`` of one token with the cached graphs against ``--eager``: medians of ``repeats``
+    after one warm-up each, the commands taking turns. The children may write bytecode (to their own
+    prefix folder), as an installed package has it: without it every run recompiles the imports' source."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work_dir / "pycache")
+    flags = [*runner_flags(BENCH_RUNNER), "--cache-dir", cache_dir]
+    one_token = ["--prompt", "hello world", "--max-new-tokens", "1", "--ignore-eos", "--json", *flags]
+    commands = {
+        "info": ["info"],
+        "compile_warm": ["compile", checkpoint_dir, *flags],
+        "generate_cached": ["generate", checkpoint_dir, *one_token],
+        "generate_eager": ["generate", checkpoint_dir, *one_token, "--eager"],
+    }
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for round_ in range(repeats + 1):
+        for name, args in commands.items():
+            figures = cli_seconds(args, env)
+            if round_:
+                runs[name].append(figures)
+    out: dict[str, Any] = {"repeats": repeats}
+    for name, figures in runs.items():
+        out[name] = {k: v for k, v in median_fields(figures).items() if k != "output"}
+    cached = json.loads(runs["generate_cached"][0]["output"].strip().splitlines()[-1])["compiled_graphs"]
+    if not cached:
+        raise RuntimeError("`trnmodels generate` found none of the graphs just compiled: the flags differ")
+    out["generate_cached"]["compiled_graphs"] = cached
+    return out
+
+
+def compile_cache_dir(work_dir: Path, jobs: int) -> str:
+    return str(work_dir / f"compile-cache-jobs{jobs}")
+
+
+def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repeats: int) -> dict[str, Any]:
+    """A cold compile at each of ``jobs`` (each into its own empty caches, in a fresh process), a warm
+    ``compile_all`` into the cache of the last (``compile_cache_dir``), and the CLI's start-up figures on
+    that cache."""
+    from trnmodels.core.compile import CompileTarget, compile_all
+
+    cold = {}
+    for n in jobs:
+        cache_dir = compile_cache_dir(work_dir, n)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(work_dir / f"inductor-jobs{n}")}
+        cold[n] = run_in_fresh_process(
+            "benchmarks.llm.measure:cold_compile", checkpoint_dir, cache_dir, n, env=env
+        )
+    start = time.perf_counter()
+    warm = compile_all(CompileTarget(checkpoint_dir, BENCH_RUNNER), cache_dir)
+    warm_seconds = time.perf_counter() - start
+    last = cold[jobs[-1]]
+    return {
+        "jobs": jobs[-1],
+        "cold_seconds": last["seconds"],
+        "cold_by_jobs": {str(n): c for n, c in cold.items()},
         "warm_seconds": warm_seconds,
         "graphs": [
-            {"name": c.name, "cold_seconds": c.seconds, "cold": c.cache, "warm": w.cache}
-            for c, w in zip(cold, warm, strict=True)
+            {"name": c["name"], "cold_seconds": c["seconds"], "cold": c["cache"], "warm": w.cache}
+            for c, w in zip(last["graphs"], warm, strict=True)
         ],
+        "cli": cli_start_up(checkpoint_dir, cache_dir, work_dir, repeats),
     }

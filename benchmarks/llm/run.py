@@ -43,10 +43,12 @@ class Settings:
     decode_prompt_len: int = 32
     batch: int = BENCH_RUNNER.max_num_seqs
     jobs: int = 2  # compile workers
+    jobs_compared: int = 1  # the bench config is also compiled cold with this many workers, for the speed-up
+    cli_repeats: int = 3  # timed runs per CLI start-up figure (median)
     bandwidth_bytes: int = 1 << 30
 
 
-QUICK = Settings(load_repeats=1, repeats=1, new_tokens=9)
+QUICK = Settings(load_repeats=1, repeats=1, new_tokens=9, cli_repeats=1)
 
 
 class _Log:
@@ -118,7 +120,6 @@ def _checkpoint(model: str, workload: str, work_dir: Path, log: _Log) -> dict[st
 
 def _run_workload(model: str, workload: str, settings: Settings, work_dir: Path, log: _Log) -> dict[str, Any]:
     """The checkpoint, its loading, its cold and warm compile, and its throughput against HF."""
-    from trnmodels.core.compile import CompileTarget
     from trnmodels.core.runner.graphs import all_graph_specs
 
     work_dir.mkdir(parents=True)
@@ -133,10 +134,10 @@ def _run_workload(model: str, workload: str, settings: Settings, work_dir: Path,
     log(f"{workload}: weight loading: plain read, ours TP=1, ours TP={tp}; {settings.load_repeats} rounds")
     out["loading"] = measure.measure_loading(checkpoint["dir"], settings.load_repeats, tp)
     specs = all_graph_specs(BENCH_RUNNER)
-    log(f"{workload}: compile {', '.join(s.name for s in specs)}: cold, then warm")
-    cache_dir = str(work_dir / "compile-cache")
-    target = CompileTarget(checkpoint["dir"], BENCH_RUNNER)
-    out["compile"] = measure.compile_times(target, specs, cache_dir, settings.jobs)
+    jobs = (settings.jobs_compared, settings.jobs) if workload == "bench" else (settings.jobs,)
+    log(f"{workload}: compile {', '.join(s.name for s in specs)}: cold at {jobs} jobs, warm, CLI start-up")
+    out["compile"] = measure.compile_times(checkpoint["dir"], work_dir, jobs, settings.cli_repeats)
+    cache_dir = measure.compile_cache_dir(work_dir, settings.jobs)
     log(f"{workload}: throughput: ours eager, ours compiled, HF; {settings.repeats} rounds")
     figures = _throughput(checkpoint, settings, cache_dir)
     out["compile"] |= {

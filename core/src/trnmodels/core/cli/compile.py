@@ -13,15 +13,12 @@ from .flags import add_runtime_flags, runner_config
 def cmd_compile(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from ..causal_lm import check_model_config
     from ..compile import CompileTarget, GraphResult, compile_all
     from ..runner.graphs import all_graph_specs
 
     target = CompileTarget(
         str(args.checkpoint_dir), runner_config(args), tp=args.tp, dtype=args.dtype, ep=args.ep
     )
-    # A mesh or config the model refuses fails here, not in every compile worker.
-    check_model_config(args.checkpoint_dir, target.neuron_config())
     specs = all_graph_specs(target.runner)
     with tqdm(total=len(specs), desc="compiling graphs", unit="graph", disable=None) as bar:
 

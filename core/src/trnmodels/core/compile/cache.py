@@ -39,6 +39,7 @@ from filelock import FileLock
 from ..errors import ConfigError
 
 ENV_VAR = "TRNMODELS_CACHE_DIR"
+RECORDS = "records"  # small JSON notes beside the entries (compile manifests), one file per name
 ARTIFACT = "graph.pt2"
 SENTINEL = "COMPLETE"
 META = "meta.json"
@@ -161,6 +162,34 @@ class ArtifactCache:
             stacklevel=2,
         )
         shutil.rmtree(self.entry(key), ignore_errors=True)
+
+    def read_record(self, name: str) -> dict[str, Any] | None:
+        """The JSON object recorded under ``name``, or None if there is none (or it is unreadable: a
+        record only ever saves work, so a damaged one is the same as none)."""
+        path = self.root / RECORDS / f"{self.entry(name).name}.json"
+        if not path.is_file():
+            return None
+        self.check_trusted(path.parent)
+        self.check_trusted(path)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write_record(self, name: str, record: dict[str, Any]) -> None:
+        """Record ``record`` under ``name``, replacing any previous one in one atomic rename."""
+        folder = self.root / RECORDS
+        make_private_dirs(folder)
+        self.check_trusted(folder)
+        path = folder / f"{self.entry(name).name}.json"
+        tmp = folder / f"{path.name}.tmp-{os.getpid()}"
+        try:
+            tmp.write_text(json.dumps(record, sort_keys=True, default=str))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def lock(self, key: str) -> FileLock:
         return FileLock(str(self.root / f"{key}.lock"))

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import neuron
+from ..causal_lm import check_model_config
 from ..errors import TrnModelsError
 from ..hf_config import load_hf_config
 from ..parallel.state import ParallelLayout, destroy_parallel_state, init_parallel_state
@@ -42,6 +43,7 @@ from ..runner.graphs import (
 from ..runtime_config import NeuronConfig
 from .cache import ArtifactCache
 from .key import cache_key, source_digest
+from .manifest import Keys, manifest_digest, plugin_package, record_keys, recorded_keys
 
 COMPILER_FLAGS: dict[str, Any] = {
     "aot_inductor.package_constants_in_so": False,
@@ -93,24 +95,26 @@ class GraphResult:
     path: str
 
 
-def graph_keys(
-    target: CompileTarget, specs: Iterable[GraphSpec]
-) -> dict[GraphSpec, tuple[str, dict[str, Any]]]:
-    """Cache keys of ``specs``, reading the checkpoint's config and hashing the source once."""
+def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
+    """The key fields every graph of ``target`` shares; ``package`` is its plugin's import name."""
+    source = source_digest(importlib.import_module("trnmodels.core"), importlib.import_module(package))
+    return {"dtype": target.dtype, "compiler_flags": dict(COMPILER_FLAGS), "source": source}
+
+
+def graph_keys(target: CompileTarget, specs: Iterable[GraphSpec], hf_config: Any = None) -> Keys:
+    """Cache keys of ``specs``, reading the checkpoint's config (unless given) and hashing the source once."""
     # The full config as transformers reads it, so a bundled config.json and a saved checkpoint of the
     # same model (which spells out every default) share their artifacts.
-    config = load_hf_config(target.checkpoint_dir).to_dict()
+    config = (hf_config or load_hf_config(target.checkpoint_dir)).to_dict()
     plugin = plugin_for_architecture((config.get("architectures") or ["?"])[0])
-    source = source_digest(importlib.import_module("trnmodels.core"), importlib.import_module(plugin.package))
+    shared = _shared_key_fields(target, plugin.package)
     return {
         spec: cache_key(
             model_config=config,
             runtime_config=target.runtime_fields(),
             graph=spec.phase,
             bucket=spec.bucket,
-            dtype=target.dtype,
-            compiler_flags=dict(COMPILER_FLAGS),
-            source=source,
+            **shared,
         )
         for spec in specs
     }
@@ -227,23 +231,28 @@ def compile_all(
 ) -> list[GraphResult]:
     """Compile every graph of the target; independent graphs compile in ``jobs`` worker processes.
 
-    Cache hits are answered here without starting a worker; results come back in ``specs`` order.
+    Cache hits are answered here without starting a worker; results come back in ``specs`` order. When
+    the manifest of an earlier compile of the same inputs finds every graph in the cache, nothing else
+    runs (see ``manifest``); otherwise the model's config is checked first, so a mesh or config the
+    model refuses fails here, not in every compile worker.
     """
     specs = list(specs or all_graph_specs(target.runner))
     cache = ArtifactCache(cache_dir)
-    results: dict[GraphSpec, GraphResult] = {}
-    misses: dict[GraphSpec, tuple[str, dict[str, Any]]] = {}
-    for spec, keyed in graph_keys(target, specs).items():
-        start = time.perf_counter()
-        path = cache.lookup(keyed[0], {"key": keyed[0], **keyed[1]})
-        if path is None:
-            misses[spec] = keyed
-            continue
-        results[spec] = GraphResult(
-            spec.name, spec.phase, list(spec.bucket), time.perf_counter() - start, "hit", str(path)
-        )
+    package = plugin_package(target.checkpoint_dir)
+    digest = package and manifest_digest(
+        target.checkpoint_dir, target.runtime_fields(), specs, _shared_key_fields(target, package)
+    )
+    recorded = recorded_keys(cache, digest, specs) if digest else None
+    results = _hits(cache, recorded or {})
+    if recorded is None or len(results) < len(specs):
+        keys = graph_keys(target, specs, check_model_config(target.checkpoint_dir, target.neuron_config()))
+        results = _hits(cache, keys)
+        misses = {spec: keyed for spec, keyed in keys.items() if spec not in results}
+    else:
+        keys, misses = recorded, {}
+    for result in results.values():
         if on_result:
-            on_result(results[spec])
+            on_result(result)
     if jobs <= 1 or len(misses) <= 1:
         for spec, keyed in misses.items():
             results[spec] = compile_graph(target, spec, cache_dir, keyed)
@@ -259,4 +268,17 @@ def compile_all(
                 results[futures[future]] = future.result()
                 if on_result:
                     on_result(results[futures[future]])
+    if digest and keys is not recorded:
+        record_keys(cache, digest, keys)
     return [results[spec] for spec in specs]
+
+
+def _hits(cache: ArtifactCache, keys: Keys) -> dict[GraphSpec, GraphResult]:
+    """The graphs of ``keys`` already in the cache."""
+    hits = {}
+    for spec, (key, fields) in keys.items():
+        start = time.perf_counter()
+        if (path := cache.lookup(key, {"key": key, **fields})) is not None:
+            seconds = time.perf_counter() - start
+            hits[spec] = GraphResult(spec.name, spec.phase, list(spec.bucket), seconds, "hit", str(path))
+    return hits
