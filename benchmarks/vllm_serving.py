@@ -284,9 +284,11 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "`weight_packed_linear` where the CPU supports it, else a oneDNN matmul handle, else torch's "
         "`F.linear` (oneDNN builds no BF16 handle on a CPU without BF16 arithmetic); its rotary embedding "
         "is a C++ kernel, and its RMSNorm goes through vLLM's IR op registry. The plugin's layers call "
-        "torch's `F.linear` and composite PyTorch ops; its MoE experts run token-sparse on CPU "
-        "(`trnmodels.core.cpu`). This run does not attribute the gap between those; closing it means "
-        "giving core's linear layers and norms CPU kernels, or opting the bridge into vLLM's compile.",
+        "core's `linear` op, which on a CPU without BF16 arithmetic computes BF16 calls of 32 rows or "
+        "more (prefills) in FP32 and rounds once (`trnmodels.core.cpu.linear`: the software BF16 GEMM is "
+        "3–4× slower there at 128 rows), and composite PyTorch ops for norms and rotary; a MoE model's experts run token-sparse "
+        "(`trnmodels.core.cpu.moe`). This run does not attribute the remaining gap between those; "
+        "closing it means CPU kernels for norms and rotary, or opting the bridge into vLLM's compile.",
         "- The plugin's forward runs eagerly: vLLM's torch.compile integration compiles only model "
         "classes written for it, and the bridge does not opt in (our graphs are captured by our own "
         "compile path, for the trnmodels runner and for Neuron). vLLM's own class is compiled by default; "

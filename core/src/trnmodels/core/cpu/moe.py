@@ -13,6 +13,7 @@ import torch
 
 from ..ops.dispatch import register_cpu
 from ..ops.moe import expert_activation
+from .linear import matmul
 
 
 def experts_ffn(
@@ -40,10 +41,10 @@ def experts_ffn(
             continue
         rows = tokens[start : start + count]
         start += count
-        h = x.index_select(0, rows) @ gate_up[expert]
+        h = matmul(x.index_select(0, rows), gate_up[expert])
         if gate_up_bias is not None:
             h = h + gate_up_bias[expert]
-        out = expert_activation(h, act, alpha, limit) @ down[expert]
+        out = matmul(expert_activation(h, act, alpha, limit), down[expert])
         if down_bias is not None:
             out = out + down_bias[expert]
         total.index_add_(0, rows, (out * combine[rows, expert, None].to(out.dtype)).float())

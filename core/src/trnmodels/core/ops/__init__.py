@@ -3,6 +3,7 @@ can run."""
 
 from .attention import attention, decode_attention, gather_paged, prefill_attention, scaled_dot_product
 from .dispatch import current_backend, kernel_op, register_cpu, register_nki, select_backend, use_backend
+from .linear import linear
 from .mlp import clamped_swiglu, gated_mlp
 from .moe import combine_matrix, experts_ffn, route
 from .norm import layer_norm, rms_norm
@@ -25,6 +26,7 @@ __all__ = [
     "inv_freq",
     "kernel_op",
     "layer_norm",
+    "linear",
     "prefill_attention",
     "register_cpu",
     "register_nki",

@@ -98,18 +98,24 @@ def _bind(
 def cpu_kernels_enabled() -> list[str]:
     """The ops whose CPU kernel ``TRNMODELS_CPU_KERNELS`` enables (``all``, ``none`` or a list of ops)."""
     value = os.environ.get(CPU_KERNELS_ENV_VAR, "all").strip()
+    return list(_enabled_kernels(value, tuple(sorted(_cpu_impls))))
+
+
+@functools.lru_cache(maxsize=16)
+def _enabled_kernels(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
+    # Cached: every eager linear layer asks, and parsing the variable each time would show in decode.
     if value == "all":
-        return sorted(_cpu_impls)
+        return kernels
     if value == "none":
-        return []
+        return ()
     names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in _cpu_impls]
+    unknown = [name for name in names if name not in kernels]
     if unknown:
         raise ConfigError(
             f"{CPU_KERNELS_ENV_VAR}: no CPU kernel for {unknown}; expected 'all', 'none' or a "
-            f"comma-separated list of {sorted(_cpu_impls)}"
+            f"comma-separated list of {list(kernels)}"
         )
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import kernel_op
+from .linear import linear
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -34,8 +35,8 @@ def gated_mlp(
 
     Under TP the caller passes this rank's slices and reduces the result; the op itself is local.
     """
-    gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2, dim=-1)
-    return F.linear(activation(act)(gate) * up, down_weight, down_bias)
+    gate, up = linear(x, gate_up_weight, gate_up_bias).chunk(2, dim=-1)
+    return linear(activation(act)(gate) * up, down_weight, down_bias)
 
 
 def clamped_swiglu(

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ShardingError
+from ..ops.linear import linear
 from ..weights.loaders import concat_sharded, fused_qkv, padded_rows, set_weight_loader, sharded
 from .state import ProcessGroupHandle, get_tp_group
 
@@ -70,7 +71,7 @@ class ColumnParallelLinear(nn.Module):
             set_weight_loader(self.bias, sharded(0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -113,7 +114,7 @@ class QKVParallelLinear(nn.Module):
             set_weight_loader(self.bias, loader)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = F.linear(x, self.weight, self.bias)
+        qkv = linear(x, self.weight, self.bias)
         d = self.head_dim
         q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         t = x.shape[:-1]
@@ -147,7 +148,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """With ``reduce_output=False`` this returns the rank's partial sum without the bias: whoever
         reduces the partials adds the bias once."""
-        out = F.linear(x, self.weight)
+        out = linear(x, self.weight)
         if not self.reduce_output:
             return out
         out = self.tp.all_reduce(out)
@@ -166,7 +167,7 @@ class ReplicatedLinear(nn.Module):
         self.bias = _param(out_features, dtype=dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 def padded_vocab(vocab_size: int, world_size: int) -> int:
@@ -221,5 +222,5 @@ class ParallelLMHead(_VocabShardedTable):
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = self.tp.all_gather(linear(hidden, self.weight), dim=-1)
         return logits[..., : self.vocab_size]
