@@ -230,9 +230,10 @@ def _why_load_speed(r: View) -> str:
     ours, plain = r["loading"]["ours_tp1"], r["loading"]["plain"]
     return (
         f"Our loader reached {gbps(ours):.2f} GB/s against {gbps(plain):.2f} GB/s for the plain read. It goes "
-        "parameter by parameter: each tensor (or this rank's slice of it) is read from its shard into a "
-        "temporary tensor (fused QKV and gate/up parameters concatenate several), then copied into the "
-        "preallocated parameter: one more copy of every byte than the plain read makes."
+        "parameter by parameter, with positioned reads of each parameter's rows straight into its memory "
+        "where the checkpoint stores them in the parameter's dtype (other parameters are read into a "
+        "temporary tensor and copied in); the plain read makes one large read per tensor into fresh memory "
+        "and no per-parameter bookkeeping."
     )
 
 

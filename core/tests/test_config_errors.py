@@ -116,3 +116,17 @@ def test_tp_degree_must_match_parallel_state(llama_checkpoint):
         ShardingError, match=r"tp_degree=2, ep_degree=1 but the parallel state is tp_degree=1"
     ):
         build_model(llama_checkpoint, NeuronConfig(tp_degree=2))
+
+
+def test_a_cpu_kernel_list_naming_no_kernel_is_refused_before_any_weight_loads(llama_checkpoint, monkeypatch):
+    """A typo in TRNMODELS_CPU_KERNELS was refused only at the first forward, after the weights loaded."""
+    monkeypatch.setenv("TRNMODELS_CPU_KERNELS", "moe_expert")
+    monkeypatch.setattr(
+        "trnmodels.core.causal_lm.CausalLM.load_weights", lambda *a, **k: pytest.fail("loaded")
+    )
+    match = r"TRNMODELS_CPU_KERNELS: no CPU kernel for \['moe_expert'\]; expected 'all', 'none' or a"
+    with pytest.raises(ConfigError, match=match):
+        check_model_config(llama_checkpoint, NeuronConfig())
+    init_parallel_state(1)
+    with pytest.raises(ConfigError, match=match):
+        build_model(llama_checkpoint, NeuronConfig())

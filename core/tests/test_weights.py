@@ -233,7 +233,7 @@ def _recording(t: CheckpointTensor) -> tuple[CheckpointTensor, _Recording]:
 def test_loaders_read_only_their_slice(ckpt: SafetensorsCheckpoint):
     w, rec = _recording(ckpt.tensor("w"))
     value = sharded(0)([w], 1, 4)
-    assert rec.requests == [(slice(2, 4), slice(None))]
+    assert rec.requests == [slice(2, 4)]
     torch.testing.assert_close(value, _tensors()["w"][2:4])
 
     w, rec = _recording(ckpt.tensor("w"))
@@ -244,7 +244,7 @@ def test_loaders_read_only_their_slice(ckpt: SafetensorsCheckpoint):
         *(_recording(ckpt.tensor(n)) for n in ("q.weight", "k.weight", "v.weight")), strict=True
     )
     fused_qkv(HEADS, KV, HEAD_DIM)(list(tensors), 3, 4)
-    assert recs[0].requests == [(slice(24, 32), slice(None))]
+    assert recs[0].requests == [slice(24, 32)]
     assert recs[1].requests == [slice(4, 8)] and recs[2].requests == [slice(4, 8)]
 
     e, rec = _recording(ckpt.tensor("embed"))
@@ -266,7 +266,7 @@ def test_load_parameters_reads_only_rank_slices():
 
     lin = ColumnParallelLinear(6, 4, tp=ProcessGroupHandle("tp", 2, 1))
     load_parameters(lin, _Ckpt(), {"weight": "w"}, rank=1, world_size=2, progress=False)
-    assert rec.requests == [(slice(2, 4), slice(None))]
+    assert rec.requests == [slice(2, 4)]
     torch.testing.assert_close(lin.weight.data, src[2:4])
 
 
@@ -490,3 +490,79 @@ def test_identity_keys_maps_fused_projections_to_their_sources():
         "self_attn.qkv_proj.bias": [f"{p}self_attn.{x}_proj.bias" for x in "qkv"],
         "mlp.gate_up_proj.weight": [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"],
     }
+
+
+# --- reading whole rows straight into the parameter ---------------------------------------------------
+
+
+class _Rows(nn.Module):
+    """Parameters whose loaders cut whole rows: fused QKV, vocab rows with padding, a replicated table."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        qkv_rows = (HEADS + 2 * KV) * HEAD_DIM // 2
+        self.qkv = nn.Parameter(
+            torch.full((qkv_rows, HIDDEN), float("nan"), dtype=dtype), requires_grad=False
+        )
+        self.embed = nn.Parameter(torch.full((4, 3), float("nan"), dtype=dtype), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.full((6, 4), float("nan"), dtype=dtype), requires_grad=False)
+        set_weight_loader(self.qkv, fused_qkv(HEADS, KV, HEAD_DIM))
+        set_weight_loader(self.embed, padded_rows(4))
+        set_weight_loader(self.gate_up, concat_sharded(0))
+
+
+ROWS_MAP = {"qkv": ["q.weight", "k.weight", "v.weight"], "embed": "embed", "gate_up": ["gate", "up"]}
+ROWS_IGNORE = ["w", "*.bias"]
+
+
+def _expected_rows(rank: int) -> dict[str, torch.Tensor]:
+    t, half = _tensors(), (HEADS * HEAD_DIM) // 2
+    q = t["q.weight"][rank * half : (rank + 1) * half]
+    k, v = (t[n][rank * HEAD_DIM : (rank + 1) * HEAD_DIM] for n in ("k.weight", "v.weight"))
+    embed = t["embed"][rank * 4 : rank * 4 + 4]
+    embed = torch.cat([embed, torch.zeros(4 - len(embed), 3)])
+    gate_up = torch.cat([t["gate"][rank * 3 : rank * 3 + 3], t["up"][rank * 3 : rank * 3 + 3]])
+    return {"qkv": torch.cat([q, k, v]), "embed": embed, "gate_up": gate_up}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_whole_rows_are_read_straight_into_the_parameters(ckpt, rank, monkeypatch):
+    from trnmodels.core.weights.safetensors_file import TensorSlice
+
+    def no_temporaries(*args, **kwargs):
+        raise AssertionError("a same-dtype whole-rows parameter must not be read into a temporary")
+
+    monkeypatch.setattr(TensorSlice, "_rows", no_temporaries)
+    model = _Rows()
+    load_parameters(model, ckpt, ROWS_MAP, rank=rank, world_size=2, ignore=ROWS_IGNORE, progress=False)
+    for name, expected in _expected_rows(rank).items():
+        assert torch.equal(getattr(model, name).data, expected), name  # the padding rows are zeros, not NaN
+
+
+def test_whole_rows_needing_a_conversion_go_through_the_loader(ckpt):
+    model = _Rows(torch.bfloat16)
+    load_parameters(model, ckpt, ROWS_MAP, rank=1, world_size=2, ignore=ROWS_IGNORE, progress=False)
+    for name, expected in _expected_rows(1).items():
+        assert torch.equal(getattr(model, name).data, expected.to(torch.bfloat16)), name
+
+
+def test_a_whole_rows_value_of_the_wrong_shape_is_refused_by_the_shape_check(ckpt):
+    model = _Rows()
+    model.gate_up = nn.Parameter(torch.empty(6, 5), requires_grad=False)
+    set_weight_loader(model.gate_up, concat_sharded(0))
+    with pytest.raises(CheckpointError, match=r"gate_up expects shape \[6, 5\] on rank 0 of 2, .* \[6, 4\]"):
+        load_parameters(model, ckpt, ROWS_MAP, rank=0, world_size=2, ignore=ROWS_IGNORE, progress=False)
+
+
+def test_a_truncated_file_read_straight_into_a_parameter_names_it(tmp_path):
+    save_file({"embed": torch.arange(15.0).reshape(5, 3)}, str(tmp_path / "model.safetensors"))
+    path = tmp_path / "model.safetensors"
+    with SafetensorsCheckpoint(tmp_path) as checkpoint:
+        path.write_bytes(path.read_bytes()[:-8])  # the header still fits: the rows do not
+        param = nn.Parameter(torch.empty(5, 3), requires_grad=False)
+        module = nn.Module()
+        module.embed = param
+        with pytest.raises(
+            CheckpointError, match=r"model.safetensors: cannot read tensor 'embed'.*end of file"
+        ):
+            load_parameters(module, checkpoint, {"embed": "embed"}, progress=False)

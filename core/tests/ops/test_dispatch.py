@@ -302,6 +302,7 @@ def test_cpu_kernels_env_var_names_an_op_without_a_kernel(monkeypatch):
 def test_cpu_kernel_predicate_rejects_to_the_reference(monkeypatch):
     calls = []
     monkeypatch.setattr(dispatch, "_cpu_impls", {"rms_norm": lambda *a, **k: calls.append(a)})
+    monkeypatch.setattr(dispatch, "_cpu_kernel_names", ("rms_norm",))
     monkeypatch.setattr(dispatch, "_cpu_supports", {"rms_norm": lambda x, *a, **k: x.shape[-1] == 8})
     x, w = _inputs()
     ops.rms_norm(x, w, EPS)

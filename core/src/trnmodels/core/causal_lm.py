@@ -20,6 +20,7 @@ from .kv_cache import KVSpec
 from .modules.norm import RMSNorm
 from .modules.rotary import RotaryEmbedding
 from .neuron.adapters import register_configured_adapters
+from .ops.dispatch import cpu_kernels_enabled
 from .parallel import (
     ParallelLMHead,
     ProcessGroupHandle,
@@ -204,6 +205,7 @@ def check_model_config(checkpoint_dir: str | Path, neuron_config: NeuronConfig) 
     variant). Needs no weights and no parallel state, so a launcher calls it before starting any rank."""
     plugin, hf_config = resolve_checkpoint(checkpoint_dir)
     plugin.validate(hf_config, neuron_config)
+    cpu_kernels_enabled()  # a bad TRNMODELS_CPU_KERNELS is refused here, not at the first forward
     return hf_config
 
 
@@ -215,6 +217,7 @@ def build_model(
     Call after ``init_parallel_state`` on every rank; each rank builds and loads only its shard.
     """
     plugin, hf_config = resolve_checkpoint(checkpoint_dir)
+    cpu_kernels_enabled()  # a bad TRNMODELS_CPU_KERNELS is refused before any weight loads
     layout = get_parallel_layout()
     if (layout.tp, layout.ep) != (neuron_config.tp_degree, neuron_config.ep_degree):
         raise ShardingError(

@@ -38,6 +38,7 @@ _nki_impls: dict[str, Callable[..., Any]] = {}
 _nki_supports: dict[str, Callable[..., bool]] = {}
 _cpu_impls: dict[str, Callable[..., Any]] = {}
 _cpu_supports: dict[str, Callable[..., bool]] = {}
+_cpu_kernel_names: tuple[str, ...] = ()  # sorted keys of _cpu_impls, kept by register_cpu
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
@@ -75,7 +76,9 @@ def register_nki(op: str, impl: Callable[..., Any], supports: Callable[..., bool
 def register_cpu(op: str, impl: Callable[..., Any], supports: Callable[..., bool] | None = None) -> None:
     """Bind a CPU kernel to an op (``trnmodels.core.cpu`` does, at import). ``supports(*args, **kwargs)``
     is its predicate: calls it rejects run the PyTorch reference."""
+    global _cpu_kernel_names
     _bind("register_cpu", _cpu_impls, _cpu_supports, op, impl, supports)
+    _cpu_kernel_names = tuple(sorted(_cpu_impls))
 
 
 def _bind(
@@ -97,13 +100,13 @@ def _bind(
 
 def cpu_kernels_enabled() -> list[str]:
     """The ops whose CPU kernel ``TRNMODELS_CPU_KERNELS`` enables (``all``, ``none`` or a list of ops)."""
-    value = os.environ.get(CPU_KERNELS_ENV_VAR, "all").strip()
-    return list(_enabled_kernels(value, tuple(sorted(_cpu_impls))))
+    return list(_enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names))
 
 
 @functools.lru_cache(maxsize=16)
 def _enabled_kernels(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
     # Cached: every eager linear layer asks, and parsing the variable each time would show in decode.
+    value = value.strip()
     if value == "all":
         return kernels
     if value == "none":
@@ -128,7 +131,11 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
     mode = current_backend()
     if mode == "torch":
         return "torch"
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    first = None
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            first = arg
+            break
     on_device = neuron.is_neuron_tensor(first)
     adapter_supports = _nki_supports.get(op)
     if mode == "nki":
@@ -158,12 +165,12 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
     ):
         return "nki"
     if (
-        first is not None
-        and first.device.type == "cpu"
+        op in _cpu_impls
+        and first is not None
+        and first.is_cpu
         # A captured graph keeps the reference: CPU kernels may branch on values (token-sparse MoE).
         and not torch.compiler.is_compiling()
-        and op in _cpu_impls
-        and op in cpu_kernels_enabled()
+        and op in _enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names)
         and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
     ):
         return "cpu"

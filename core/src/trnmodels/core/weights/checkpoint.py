@@ -45,6 +45,18 @@ class CheckpointTensor:
             raise CheckpointError(f"{self.file}: cannot read tensor {self.key!r}: {e}") from None
 
     @property
+    def reads_into(self) -> bool:
+        """Whether ``read_rows_into`` can fill a tensor without a temporary (a file source can)."""
+        return hasattr(self.source, "read_rows_into")
+
+    def read_rows_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Rows ``[start, stop)`` straight into ``out`` (see ``reads_into``)."""
+        try:
+            self.source.read_rows_into(start, stop, out)  # type: ignore[attr-defined]
+        except Exception as e:
+            raise CheckpointError(f"{self.file}: cannot read tensor {self.key!r}: {e}") from None
+
+    @property
     def dtype(self) -> torch.dtype | None:
         """The stored dtype, from the file header (``None`` if the source does not say)."""
         return getattr(self.source, "dtype", None)

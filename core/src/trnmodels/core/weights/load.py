@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, first_names
-from .loaders import get_weight_loader
+from .loaders import RowPlan, get_weight_loader
 
 KeyMap = Mapping[str, str | list[str]]
 """A read-only ``{parameter name: checkpoint key, or the keys a fused parameter concatenates}``."""
@@ -138,7 +138,10 @@ def load_parameters(
     with torch.no_grad():
         for name, param in bar:
             tensors: list[CheckpointTensor] = [checkpoint.tensor(k) for k in _as_list(mapping[name])]
-            value = get_weight_loader(param)(tensors, rank, world_size)
+            loader = get_weight_loader(param)
+            if _read_rows_into(param, getattr(loader, "row_plan", None), tensors, rank, world_size):
+                continue
+            value = loader(tensors, rank, world_size)
             if tuple(value.shape) != tuple(param.shape):
                 sources = ", ".join(t.describe() for t in tensors)
                 raise CheckpointError(
@@ -147,6 +150,32 @@ def load_parameters(
                 )
             _check_float_storage(name, param, tensors, value)
             param.copy_(value.to(param.dtype))
+
+
+def _read_rows_into(
+    param: torch.Tensor, plan: RowPlan | None, tensors: list[CheckpointTensor], rank: int, world_size: int
+) -> bool:
+    """Read a whole-rows value from the files straight into ``param`` when nothing needs converting: its
+    row ranges stored in the parameter's dtype and row shape, filling exactly its rows. Otherwise (no
+    plan, an in-memory source) leave it to the loader and the checks after it, and say so."""
+    ranges = plan(tensors, rank, world_size) if plan is not None else None
+    if not ranges or param.dim() == 0 or not param.is_contiguous():
+        return False
+    row_shape = tuple(param.shape[1:])
+    for t, _, _ in ranges:
+        if t is not None and (not t.reads_into or t.dtype != param.dtype or tuple(t.shape[1:]) != row_shape):
+            return False
+    if sum(stop - start for _, start, stop in ranges) != param.shape[0]:
+        return False
+    row = 0
+    for t, start, stop in ranges:
+        rows = param.data[row : row + stop - start]
+        if t is None:
+            rows.zero_()
+        else:
+            t.read_rows_into(start, stop, rows)
+        row += stop - start
+    return True
 
 
 class RankInGroup(Protocol):

@@ -3,6 +3,10 @@
 A loader is ``(tensors, rank, world_size) -> Tensor``: it receives the lazy checkpoint tensors mapped to
 the parameter (a list, because fused parameters map to several keys) and reads only this rank's slice.
 Parallel layers attach their loader to their parameters, so the split is declared where the layer is.
+
+Most loaders cut whole rows: the value is row ranges of the tensors (or zero rows) stacked along dim 0.
+Those are built from a ``RowPlan`` (``rows_loader``) and carry it as ``row_plan``, so loading can read
+each range from the file straight into the parameter's memory instead of into a temporary first.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from ..errors import CheckpointError
 from .checkpoint import CheckpointTensor
 
 WeightLoader = Callable[[Sequence[CheckpointTensor], int, int], torch.Tensor]
+RowRange = tuple[CheckpointTensor | None, int, int]
+"""Rows ``[start, stop)`` of a tensor, or (``None``) ``stop - start`` rows of zeros."""
+RowPlan = Callable[[Sequence[CheckpointTensor], int, int], list[RowRange] | None]
+"""The row ranges a loader's value stacks, or None where the value is not whole rows (a 0-dim tensor)."""
 
 
 def set_weight_loader(param: torch.nn.Parameter, loader: WeightLoader) -> None:
@@ -23,6 +31,25 @@ def set_weight_loader(param: torch.nn.Parameter, loader: WeightLoader) -> None:
 
 def get_weight_loader(param: torch.nn.Parameter) -> WeightLoader:
     return getattr(param, "weight_loader", replicated)
+
+
+def rows_loader(plan: RowPlan) -> WeightLoader:
+    """The loader whose value stacks the row ranges ``plan`` gives; it carries ``plan`` as ``row_plan``."""
+
+    def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
+        ranges = plan(tensors, rank, world_size)
+        if ranges is None:
+            return _single(tensors).read()
+        parts = [t.read(slice(start, stop)) if t is not None else None for t, start, stop in ranges]
+        like = next((p for p in parts if p is not None), None)
+        if like is None:
+            raise CheckpointError(f"a row plan with no checkpoint rows for {[t.key for t in tensors]}")
+        filled = [p if p is not None else like.new_zeros(stop - start, *like.shape[1:])
+                  for p, (_, start, stop) in zip(parts, ranges, strict=True)]  # fmt: skip
+        return filled[0] if len(filled) == 1 else torch.cat(filled)
+
+    load.row_plan = plan  # type: ignore[attr-defined]
+    return load
 
 
 def _index(dim: int, ndim: int, sl: slice) -> tuple[slice, ...]:
@@ -35,23 +62,37 @@ def _single(tensors: Sequence[CheckpointTensor]) -> CheckpointTensor:
     return tensors[0]
 
 
-def read_shard(t: CheckpointTensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
-    """Rows (or columns) ``rank`` of ``world_size`` equal parts along ``dim``."""
+def shard_rows(t: CheckpointTensor, dim: int, rank: int, world_size: int) -> slice:
+    """Part ``rank`` of ``world_size`` equal parts of ``t`` along ``dim``."""
     size = t.shape[dim]
     if size % world_size:
         raise CheckpointError(
             f"{t.describe()}: dim {dim} of size {size} does not divide by {world_size} ranks"
         )
     part = size // world_size
-    return t.read(_index(dim, len(t.shape), slice(rank * part, (rank + 1) * part)))
+    return slice(rank * part, (rank + 1) * part)
 
 
-def replicated(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
-    return _single(tensors).read()
+def read_shard(t: CheckpointTensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
+    """Rows (or columns) ``rank`` of ``world_size`` equal parts along ``dim``."""
+    return t.read(_index(dim, len(t.shape), shard_rows(t, dim, rank, world_size)))
+
+
+def _row_shard(t: CheckpointTensor, rank: int, world_size: int) -> RowRange:
+    part = shard_rows(t, 0, rank, world_size)
+    return (t, part.start, part.stop)
+
+
+@rows_loader
+def replicated(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> list[RowRange] | None:
+    t = _single(tensors)
+    return [(t, 0, t.shape[0])] if t.shape else None
 
 
 def sharded(dim: int) -> WeightLoader:
     """Split one tensor evenly along ``dim``."""
+    if dim == 0:
+        return rows_loader(lambda tensors, rank, world_size: [_row_shard(_single(tensors), rank, world_size)])
 
     def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
         return read_shard(_single(tensors), dim, rank, world_size)
@@ -61,6 +102,10 @@ def sharded(dim: int) -> WeightLoader:
 
 def concat_sharded(dim: int = 0) -> WeightLoader:
     """Several keys, each split along ``dim``, then concatenated (gate and up into one gate_up)."""
+    if dim == 0:
+        return rows_loader(
+            lambda tensors, rank, world_size: [_row_shard(t, rank, world_size) for t in tensors]
+        )
 
     def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
         return torch.cat([read_shard(t, dim, rank, world_size) for t in tensors], dim=dim)
@@ -71,17 +116,15 @@ def concat_sharded(dim: int = 0) -> WeightLoader:
 def padded_rows(rows_per_rank: int) -> WeightLoader:
     """Vocab sharding: rank r owns rows ``[r*n, (r+1)*n)``; rows past the real vocab are zeros."""
 
-    def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
+    def plan(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> list[RowRange]:
         t = _single(tensors)
         start = rank * rows_per_rank
-        stop = min(start + rows_per_rank, t.shape[0])
-        rows = t.read(slice(start, stop)) if stop > start else t.read(slice(0, 0))
-        pad = rows_per_rank - rows.shape[0]
-        if pad:
-            rows = torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
-        return rows
+        stop = max(start, min(start + rows_per_rank, t.shape[0]))
+        ranges: list[RowRange] = [(t, start, stop)] if stop > start else [(t, 0, 0)]
+        pad = rows_per_rank - (stop - start)
+        return [*ranges, (None, 0, pad)] if pad else ranges
 
-    return load
+    return rows_loader(plan)
 
 
 def kv_head_for_rank(rank: int, world_size: int, num_kv_heads: int) -> int:
@@ -96,7 +139,7 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_dim: int) -> WeightLoader:
     replicated otherwise.
     """
 
-    def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
+    def plan(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> list[RowRange]:
         if len(tensors) != 3:
             raise CheckpointError(f"fused QKV expects q, k and v keys, got {[t.key for t in tensors]}")
         q, k, v = tensors
@@ -105,20 +148,23 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_dim: int) -> WeightLoader:
                 raise CheckpointError(
                     f"{t.describe()}: expected {heads} heads × head_dim {head_dim} = {heads * head_dim} rows"
                 )
-        parts = [read_shard(q, 0, rank, world_size)]
+        ranges = [_row_shard(q, rank, world_size)]
         for t in (k, v):
             if num_kv_heads >= world_size:
-                parts.append(read_shard(t, 0, rank, world_size))
+                ranges.append(_row_shard(t, rank, world_size))
             else:
                 head = kv_head_for_rank(rank, world_size, num_kv_heads)
-                parts.append(t.read(slice(head * head_dim, (head + 1) * head_dim)))
-        return torch.cat(parts, dim=0)
+                ranges.append((t, head * head_dim, (head + 1) * head_dim))
+        return ranges
 
-    return load
+    return rows_loader(plan)
 
 
 def with_rank_override(loader: WeightLoader, rank: int, world_size: int) -> WeightLoader:
     """Load as if this were ``rank`` of ``world_size`` (a parameter split over a sub-group, e.g. EP)."""
+    plan = getattr(loader, "row_plan", None)
+    if plan is not None:
+        return rows_loader(lambda tensors, _rank, _world_size: plan(tensors, rank, world_size))
 
     def load(tensors: Sequence[CheckpointTensor], _rank: int, _world_size: int) -> torch.Tensor:
         return loader(tensors, rank, world_size)

@@ -89,14 +89,18 @@ class SafetensorsFile:
 
     def read_bytes(self, offset: int, nbytes: int) -> torch.Tensor:
         buffer = torch.empty(nbytes, dtype=torch.uint8)
-        view = memoryview(buffer.numpy())
-        done = 0
+        self.read_into(offset, buffer)
+        return buffer
+
+    def read_into(self, offset: int, out: torch.Tensor) -> None:
+        """Fill the contiguous CPU tensor ``out`` with the file's bytes from ``offset`` on."""
+        view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
+        nbytes, done = len(view), 0
         while done < nbytes:
             n = os.preadv(self.fd, [view[done:]], offset + done)
             if n == 0:
                 raise self._damaged(f"unexpected end of file at byte {offset + done}")
             done += n
-        return buffer
 
     def close(self) -> None:
         os.close(self.fd)
@@ -110,6 +114,21 @@ class TensorSlice:
 
     def get_shape(self) -> list[int]:
         return list(self.shape)
+
+    def read_rows_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Rows ``[start, stop)`` straight into ``out`` (contiguous, this tensor's dtype and row shape):
+        the one copy a plain read makes, with no temporary."""
+        if (
+            out.dtype != self.dtype
+            or tuple(out.shape) != (stop - start, *self.shape[1:])
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"rows {start}:{stop} of a {self.dtype} {list(self.shape)} tensor cannot fill a "
+                f"{'' if out.is_contiguous() else 'non-contiguous '}{out.dtype} {list(out.shape)} tensor"
+            )
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        self.file.read_into(self.offset + start * row_bytes, out)
 
     def _rows(self, start: int, stop: int) -> torch.Tensor:
         row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
