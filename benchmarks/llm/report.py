@@ -130,7 +130,7 @@ def compile_targets(r: View) -> list[Target]:
     c = r["compile"]
     out = []
     if len(by_jobs := c.get("cold_by_jobs", {})) > 1:
-        few, many = sorted(by_jobs, key=int)[0], sorted(by_jobs, key=int)[-1]
+        few, many = _fewest_and_most(by_jobs)
         name = f"cold compile, `--jobs {many}` speed-up over `--jobs {few}`"
         out.append(
             Target("compile_jobs", name, by_jobs[few]["seconds"] / by_jobs[many]["seconds"], ">=", 1.7)
@@ -140,6 +140,12 @@ def compile_targets(r: View) -> list[Target]:
         ratio = cli["compile_warm"]["cpu_seconds"] / cli["info"]["cpu_seconds"]
         out.append(Target("warm_cli", name, ratio, "<=", 1.3))
     return out
+
+
+def _fewest_and_most(by_jobs: Mapping[str, Any]) -> tuple[str, str]:
+    """The keys (worker counts, as strings) of the cold compiles the speed-up compares."""
+    ordered = sorted(by_jobs, key=int)
+    return ordered[0], ordered[-1]
 
 
 def best_schedule(seconds: Sequence[float], workers: int) -> float:
@@ -195,7 +201,7 @@ def _why_warm(r: View) -> str:
 
 def _why_jobs(r: View) -> str:
     by_jobs = r["compile"]["cold_by_jobs"]
-    few, many = sorted(by_jobs, key=int)[0], sorted(by_jobs, key=int)[-1]
+    few, many = _fewest_and_most(by_jobs)
     workers = int(many)
     alone = [g["seconds"] for g in by_jobs[few]["graphs"]]
     shared = [g["seconds"] for g in by_jobs[many]["graphs"]]

@@ -100,7 +100,11 @@ def _bind(
 
 def cpu_kernels_enabled() -> list[str]:
     """The ops whose CPU kernel ``TRNMODELS_CPU_KERNELS`` enables (``all``, ``none`` or a list of ops)."""
-    return list(_enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names))
+    return list(_enabled())
+
+
+def _enabled() -> tuple[str, ...]:
+    return _enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names)
 
 
 @functools.lru_cache(maxsize=16)
@@ -170,7 +174,7 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
         and first.is_cpu
         # A captured graph keeps the reference: CPU kernels may branch on values (token-sparse MoE).
         and not torch.compiler.is_compiling()
-        and op in _enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names)
+        and op in _enabled()
         and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
     ):
         return "cpu"
