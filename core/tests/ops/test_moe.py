@@ -141,6 +141,41 @@ def test_cpu_kernel_skips_tokens_routed_elsewhere_and_idle_experts():
     torch.testing.assert_close(ops.experts_ffn(x, gate_up, down, combine), expected, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "hidden, inter, tokens, grouped",
+    [
+        (32, 24, 6, True),  # decode: a few rows per expert, strides torch._grouped_mm takes
+        (30, 10, 6, False),  # rows of 20 bytes: torch._grouped_mm refuses them, one matmul per expert
+        (32, 24, 96, False),  # a prefill: groups of 32 rows or more are computed in FP32, per expert
+    ],
+)
+def test_cpu_kernel_paths_match_a_float64_truth(monkeypatch, hidden, inter, tokens, grouped):
+    """BF16, each way the kernel multiplies: within BF16 rounding of the same block in float64."""
+    calls = []
+    grouped_mm = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or grouped_mm(*a, **k))
+    torch.manual_seed(SEED)
+    experts = 3
+    x = torch.randn(tokens, hidden).bfloat16()
+    gate_up = (torch.randn(experts, 2 * inter, hidden) * 0.2).bfloat16().transpose(1, 2)
+    down = (torch.randn(experts, hidden, inter) * 0.2).bfloat16().transpose(1, 2)
+    biases = (
+        (torch.randn(experts, 2 * inter) * 0.1).bfloat16(),
+        (torch.randn(experts, hidden) * 0.1).bfloat16(),
+    )
+    weights, chosen = ops.route(torch.randn(tokens, experts), 2)
+    combine = ops.combine_matrix(weights, chosen, experts).bfloat16()
+    truth = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t, e in combine.nonzero().tolist():
+        h = x[t].double() @ gate_up[e].double() + biases[0][e].double()
+        a = ops.clamped_swiglu(h[::2], h[1::2], 1.702, 7.0)
+        truth[t] += combine[t, e].double() * (a @ down[e].double() + biases[1][e].double())
+    out = ops.experts_ffn(x, gate_up, down, combine, gate_up_bias=biases[0], down_bias=biases[1])
+    assert bool(calls) == grouped
+    scale = truth.abs().max().item()
+    torch.testing.assert_close(out.double(), truth, rtol=2**-6, atol=2**-6 * scale)
+
+
 def test_graph_capture_keeps_the_static_reference():
     """torch.export (the compile driver's capture) traces the all-experts reference: the CPU kernel's
     per-expert row counts depend on the routing and would not give one static graph."""
