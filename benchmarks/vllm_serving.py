@@ -286,9 +286,13 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "is a C++ kernel, and its RMSNorm goes through vLLM's IR op registry. The plugin's layers call "
         "core's `linear` op, which on a CPU without BF16 arithmetic computes BF16 calls of 32 rows or "
         "more (prefills) in FP32 and rounds once (`trnmodels.core.cpu.linear`: the software BF16 GEMM is "
-        "3–4× slower there at 128 rows), and composite PyTorch ops for norms and rotary; a MoE model's experts run token-sparse "
-        "(`trnmodels.core.cpu.moe`). This run does not attribute the remaining gap between those; "
-        "closing it means CPU kernels for norms and rotary, or opting the bridge into vLLM's compile.",
+        "3–4× slower there at 128 rows), and composite PyTorch ops for norms and rotary. A MoE model's "
+        "experts run token-sparse on both sides: vLLM's in its fused C++ kernel (`cpu_fused_moe`), which "
+        "reads each chosen expert's weight once for all the tokens routed to it; ours as one grouped BF16 "
+        "matmul per projection (`trnmodels.core.cpu.moe`), where torch's BF16 matmul on a CPU without BF16 "
+        "arithmetic passes over the weight once per row. This run does not attribute the remaining gap "
+        "between those; closing it means a MoE kernel that reads each expert once, CPU kernels for norms "
+        "and rotary, or opting the bridge into vLLM's compile.",
         "- The plugin's forward runs eagerly: vLLM's torch.compile integration compiles only model "
         "classes written for it, and the bridge does not opt in (our graphs are captured by our own "
         "compile path, for the trnmodels runner and for Neuron). vLLM's own class is compiled by default; "
