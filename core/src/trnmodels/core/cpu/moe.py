@@ -11,6 +11,8 @@ bridge, the eager runner).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..ops.dispatch import register_cpu
@@ -23,23 +25,33 @@ def _grouped_mm_takes(*tensors: torch.Tensor) -> bool:
     return all(s == 1 or s * t.element_size() % 16 == 0 for t in tensors for s in t.stride())
 
 
+@dataclass(frozen=True)
+class ExpertGroups:
+    """(token, expert) pairs sorted by expert: pair ``p`` belongs to ``experts[p]``; expert ``e`` owns
+    ``counts[e]`` consecutive pairs, which end at ``offsets[e]``."""
+
+    experts: torch.Tensor
+    counts: list[int]
+    offsets: torch.Tensor  # int32, as torch._grouped_mm takes them
+
+    @classmethod
+    def from_experts(cls, experts: torch.Tensor, num_experts: int) -> ExpertGroups:
+        counts = torch.bincount(experts, minlength=num_experts)
+        return cls(experts, counts.tolist(), counts.cumsum(0, dtype=torch.int32))
+
+
 def grouped_matmul(
-    rows: torch.Tensor,
-    weights: torch.Tensor,
-    counts: list[int],
-    bias: torch.Tensor | None,
-    experts: torch.Tensor,
+    rows: torch.Tensor, weights: torch.Tensor, groups: ExpertGroups, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """``rows [P, K]``, sorted by expert with ``counts[e]`` rows for expert ``e`` → ``rows @ weights[e]``
-    (+ ``bias[e]``) for each row, ``[P, N]``."""
-    largest = rows[: max(counts, default=0)]
+    """``rows [P, K]`` → ``rows[p] @ weights[e] (+ bias[e])`` for each pair ``p`` of expert ``e``, ``[P, N]``."""
+    largest = rows[: max(groups.counts, default=0)]
     if upcast_pays(largest, weights[0]) or not _grouped_mm_takes(rows, weights):
         # A prefill's groups are large enough that converting to FP32 first pays (``cpu.linear``).
-        out = torch.cat([matmul(part, w) for part, w in zip(rows.split(counts), weights, strict=True)])
+        parts = rows.split(groups.counts)
+        out = torch.cat([matmul(part, w) for part, w in zip(parts, weights, strict=True)])
     else:
-        offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
-        out = torch._grouped_mm(rows, weights, offs=offsets)
-    return out if bias is None else out + bias[experts]
+        out = torch._grouped_mm(rows, weights, offs=groups.offsets)
+    return out if bias is None else out + bias[groups.experts]
 
 
 def experts_ffn(
@@ -55,12 +67,11 @@ def experts_ffn(
     limit: float = 7.0,
 ) -> torch.Tensor:
     """``ops.experts_ffn``'s signature and result, token-sparse."""
-    tokens, experts = combine.nonzero(as_tuple=True)
-    order = experts.argsort(stable=True)
-    tokens, experts = tokens[order], experts[order]
-    counts = torch.bincount(experts, minlength=combine.shape[1]).tolist()
-    h = grouped_matmul(x.index_select(0, tokens), gate_up, counts, gate_up_bias, experts)
-    out = grouped_matmul(expert_activation(h, act, alpha, limit), down, counts, down_bias, experts)
+    # nonzero lists indices in row-major order, so the pairs of ``combine.T`` come sorted by expert.
+    experts, tokens = combine.t().nonzero(as_tuple=True)
+    groups = ExpertGroups.from_experts(experts, combine.shape[1])
+    h = grouped_matmul(x.index_select(0, tokens), gate_up, groups, gate_up_bias)
+    out = grouped_matmul(expert_activation(h, act, alpha, limit), down, groups, down_bias)
     # Summed in FP32 and rounded once, as the reference's sum over experts rounds once.
     total = torch.zeros(x.shape, dtype=torch.float32)
     total.index_add_(0, tokens, (out * combine[tokens, experts, None].to(out.dtype)).float())

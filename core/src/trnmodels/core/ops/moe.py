@@ -9,7 +9,6 @@ passes its own experts and its columns of the combine matrix, and the partial ou
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .dispatch import kernel_op
 from .mlp import activation, clamped_swiglu
@@ -49,10 +48,10 @@ def combine_matrix(
     weights: torch.Tensor, experts: torch.Tensor, num_experts: int, first_expert: int = 0
 ) -> torch.Tensor:
     """``[T, E_local]``: token t's weight for local expert e (global ``first_expert + e``), else 0."""
-    local = experts - first_expert
-    onehot = F.one_hot(local.clamp(0, num_experts - 1), num_experts).to(weights.dtype)
-    mine = ((local >= 0) & (local < num_experts)).to(weights.dtype)
-    return (onehot * (weights * mine)[..., None]).sum(dim=1)
+    # Another rank's experts map to one spare column (-1 and num_experts both land on it), cut off after.
+    column = (experts - first_expert).clamp(-1, num_experts).remainder(num_experts + 1)
+    combine = weights.new_zeros(weights.shape[0], num_experts + 1).scatter_add_(1, column, weights)
+    return combine[:, :num_experts]
 
 
 def expert_activation(h: torch.Tensor, act: str, alpha: float, limit: float) -> torch.Tensor:

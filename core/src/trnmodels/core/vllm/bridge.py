@@ -26,6 +26,7 @@ from ..neuron.adapters import register_configured_adapters
 from ..parallel.state import get_tp_group, init_parallel_state
 from ..runtime_config import NeuronConfig
 from .attention import swap_attention
+from .fused_moe import swap_fused_experts
 from .preflight import checkpoint_dir, resolve_plugin
 
 # vLLM configures handlers for its own logger tree only; under it, our lines appear in vLLM's log.
@@ -112,4 +113,12 @@ class TrnmodelsForCausalLM(nn.Module):
         del weights
         self.model.load_weights(self.checkpoint_dir, progress=False)
         # The plugin's loader is strict: it fills every parameter or raises naming what is missing.
-        return {name for name, _ in self.named_parameters()}
+        loaded = {name for name, _ in self.named_parameters()}
+        fused, reasons = swap_fused_experts(self.model)
+        if fused or reasons:
+            logger.info(
+                "trnmodels: %d MoE layers run vLLM's fused CPU MoE kernel%s",
+                fused,
+                "".join(f"; core's kernel for {reason}" for reason in reasons[:1]),
+            )
+        return loaded

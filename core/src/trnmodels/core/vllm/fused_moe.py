@@ -1,0 +1,98 @@
+"""vLLM's fused CPU MoE kernel behind the plugin's MoE experts, when the bridge serves them on a CPU.
+
+vLLM's own MoE layers on a CPU run ``cpu_fused_moe``, a C++ kernel of vLLM's ``_C`` library: it reads
+each chosen expert's weights once for all the tokens routed to it, with the activation fused. Core's
+token-sparse kernel (``trnmodels.core.cpu.moe``) is built from torch ops, whose BF16 matmul on a CPU
+without BF16 arithmetic passes over the weight once per row, and pays a per-op cost a fused kernel does
+not. So after loading, the bridge swaps each ``MoEExperts`` module that vLLM's kernel computes as
+``ops.experts_ffn`` defines it for a ``VllmFusedExperts`` holding the same weights in the kernel's
+packed layout. Any other experts module keeps core's kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm import _custom_ops as vllm_ops
+
+from ..modules.moe import MoEExperts
+from ..ops.dispatch import cpu_kernels_enabled, current_backend
+
+# Our activation name -> vLLM's ``MoEActivation`` value. gpt-oss's clamped SwiGLU is vLLM's
+# ``swigluoai`` (gate and up interleaved, as we store them) with its constants, which vLLM's kernel fixes;
+# the others take ``[gate | up]`` halves on both sides.
+ACTIVATIONS = {"swiglu_clamped": "swigluoai", "silu": "silu", "gelu_tanh": "gelu_tanh"}
+SWIGLUOAI_CONSTANTS = (1.702, 7.0)  # (alpha, limit)
+ISA = "vec"  # vLLM's portable vector kernel (its other, "amx", needs AMX tiles)
+ALIGNMENT = 32  # the kernel's output block: hidden and intermediate sizes must be multiples of it
+
+
+def why_not_fused(experts: MoEExperts) -> str | None:
+    """Why vLLM's kernel cannot run ``experts`` exactly as core's op does; None when it can."""
+    if not hasattr(torch.ops._C, "cpu_fused_moe"):
+        return "this vLLM build has no cpu_fused_moe kernel"
+    if current_backend() == "torch" or "moe_experts" not in cpu_kernels_enabled():
+        return "the moe_experts CPU kernel is turned off (TRNMODELS_KERNEL_BACKEND / TRNMODELS_CPU_KERNELS)"
+    if experts.gate_up.device.type != "cpu" or experts.gate_up.dtype != torch.bfloat16:
+        return f"weights are {experts.gate_up.dtype} on {experts.gate_up.device}, not bfloat16 on the CPU"
+    if experts.act not in ACTIVATIONS:
+        return f"activation {experts.act!r} has no vLLM counterpart"
+    if experts.act == "swiglu_clamped" and (experts.alpha, experts.limit) != SWIGLUOAI_CONSTANTS:
+        return (
+            f"clamped SwiGLU with (alpha, limit) = {(experts.alpha, experts.limit)}, not vLLM's fixed values"
+        )
+    if experts.num_local != experts.num_experts:
+        return "expert parallelism"
+    hidden, intermediate = experts.down.shape[2], experts.down.shape[1]
+    if hidden % ALIGNMENT or intermediate % ALIGNMENT:
+        return f"hidden {hidden} and intermediate {intermediate} per rank are not multiples of {ALIGNMENT}"
+    return None
+
+
+class VllmFusedExperts(nn.Module):
+    """``MoEExperts``' forward on vLLM's fused kernel, with its weights packed for it."""
+
+    def __init__(self, experts: MoEExperts):
+        super().__init__()
+        self.world = experts.world
+        self.act = ACTIVATIONS[experts.act]
+        # BF16 experts are stored [E, out, in] in memory (``MoEExperts``), the kernel's input layout.
+        self.register_buffer("w13", vllm_ops.cpu_prepack_moe_weight(_out_in(experts.gate_up), ISA))
+        self.register_buffer("w2", vllm_ops.cpu_prepack_moe_weight(_out_in(experts.down), ISA))
+        self.w13_bias = experts.gate_up_bias
+        # Each TP rank holds the whole down bias; only rank 0 adds it, so the all-reduce counts it once.
+        self.w2_bias = experts.down_bias if experts.tp.rank == 0 else None
+
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, rank: torch.Tensor
+    ) -> torch.Tensor:
+        del rank  # every expert is local (no EP), and the bias rank is fixed at the swap
+        out = torch.empty_like(x)
+        topk_ids = experts.to(torch.int32)
+        vllm_ops.cpu_fused_moe(
+            out, x.contiguous(), self.w13, self.w2, self.w13_bias, self.w2_bias,
+            weights.float(), topk_ids, self.act, ISA,
+        )  # fmt: skip
+        return self.world.all_reduce(out)
+
+
+def _out_in(weight: torch.Tensor) -> torch.Tensor:
+    """``[E, in, out]`` stored ``[E, out, in]`` → the contiguous ``[E, out, in]`` tensor, no copy."""
+    return weight.transpose(1, 2).contiguous()
+
+
+def swap_fused_experts(model: nn.Module) -> tuple[int, list[str]]:
+    """Swap every ``MoEExperts`` in ``model`` that vLLM's kernel can run; returns how many were swapped
+    and why the others were not."""
+    swapped, reasons = 0, []
+    for path, module in list(model.named_modules()):
+        if not isinstance(module, MoEExperts):
+            continue
+        reason = why_not_fused(module)
+        if reason is not None:
+            reasons.append(f"{path}: {reason}")
+            continue
+        parent_path, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent_path) if parent_path else model, attr, VllmFusedExperts(module))
+        swapped += 1
+    return swapped, reasons
