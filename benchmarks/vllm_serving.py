@@ -133,6 +133,9 @@ def run_decode(server: VllmServer, decode: DecodeLoad, vocab: int) -> dict[str, 
     return figures
 
 
+PLUGIN_LOG = "trnmodels: "  # the prefix of the bridge's own lines in the server's log
+
+
 def serve_and_measure(
     name: str, checkpoint: Path, load: Load, decode: DecodeLoad, vocab: int, log_dir: Path
 ) -> dict[str, Any]:
@@ -154,7 +157,9 @@ def serve_and_measure(
         figures = run_load(server, load, vocab)
         figures["decode"] = run_decode(server, decode, vocab)
         server.stop()
-        return {"startup_seconds": startup, **figures}
+        # What the bridge reported at start-up (the served class, and which MoE kernel runs the experts).
+        said = [line[line.index(PLUGIN_LOG) :] for line in server.log().splitlines() if PLUGIN_LOG in line]
+        return {"startup_seconds": startup, **figures, **({"plugin_log": said} if said else {})}
     finally:
         server.kill()
 
@@ -198,6 +203,7 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         f"- `{results['checkpoint']['architecture']}` from the {results['plugin']} plugin's bundled `bench` "
         f"config, random weights: {results['checkpoint']['num_parameters'] / 1e6:.1f} M parameters, served "
         f"in {load['dtype']}.",
+        *[f"- The plugin's start-up log: `{line}`" for line in plugin.get("plugin_log", [])],
         f"- {load['num_prompts']} streaming `/v1/completions` requests of {load['input_len']} random prompt "
         f"tokens and exactly {load['output_len']} output tokens (greedy, `ignore_eos`), {load['concurrency']} "
         f"concurrent clients on 127.0.0.1; the servers run with `--max-num-seqs {results['max_num_seqs']}` "
@@ -287,12 +293,12 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "core's `linear` op, which on a CPU without BF16 arithmetic computes BF16 calls of 32 rows or "
         "more (prefills) in FP32 and rounds once (`trnmodels.core.cpu.linear`: the software BF16 GEMM is "
         "3–4× slower there at 128 rows), and composite PyTorch ops for norms and rotary. A MoE model's "
-        "experts run token-sparse on both sides: vLLM's in its fused C++ kernel (`cpu_fused_moe`), which "
-        "reads each chosen expert's weight once for all the tokens routed to it; ours as one grouped BF16 "
-        "matmul per projection (`trnmodels.core.cpu.moe`), where torch's BF16 matmul on a CPU without BF16 "
-        "arithmetic passes over the weight once per row. This run does not attribute the remaining gap "
-        "between those; closing it means a MoE kernel that reads each expert once, CPU kernels for norms "
-        "and rotary, or opting the bridge into vLLM's compile.",
+        "BF16 experts run vLLM's fused C++ MoE kernel (`cpu_fused_moe`) on both sides: after loading, the "
+        "bridge swaps the plugin's experts modules for it (`trnmodels.core.vllm.fused_moe`; the start-up "
+        "log above says whether it did), since core's token-sparse kernel (`trnmodels.core.cpu.moe`), "
+        "built from torch ops, passes over an expert's BF16 weight once per token on a CPU without BF16 "
+        "arithmetic. This run does not attribute the remaining gap; closing it means CPU kernels for "
+        "norms and rotary, or opting the bridge into vLLM's compile.",
         "- The plugin's forward runs eagerly: vLLM's torch.compile integration compiles only model "
         "classes written for it, and the bridge does not opt in (our graphs are captured by our own "
         "compile path, for the trnmodels runner and for Neuron). vLLM's own class is compiled by default; "
