@@ -198,13 +198,20 @@ def run_offline(
     tmp_path: Path,
     prompts: list[str] = PROMPTS,
     chats: list[list[dict[str, str]]] = CHATS,
+    dtype: str = "float32",
     **env: str,
 ) -> dict:
     """Generate ``prompts`` and ``chats`` greedily with ``vllm.LLM`` in a fresh interpreter."""
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
-            {"prompts": prompts, "chats": chats, "max_tokens": MAX_TOKENS, "max_model_len": MAX_MODEL_LEN}
+            {
+                "prompts": prompts,
+                "chats": chats,
+                "max_tokens": MAX_TOKENS,
+                "max_model_len": MAX_MODEL_LEN,
+                "dtype": dtype,
+            }
         )
     )
     proc = subprocess.run(

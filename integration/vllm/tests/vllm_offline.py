@@ -32,7 +32,7 @@ def main() -> None:
         request = json.load(f)
     llm = LLM(
         model=checkpoint,
-        dtype="float32",
+        dtype=request.get("dtype", "float32"),
         enforce_eager=True,
         max_model_len=request["max_model_len"],
         max_num_seqs=8,

@@ -21,7 +21,12 @@ from ..ops.dispatch import cpu_kernels_enabled, current_backend
 # Our activation name -> vLLM's ``MoEActivation`` value. gpt-oss's clamped SwiGLU is vLLM's
 # ``swigluoai`` (gate and up interleaved, as we store them) with its constants, which vLLM's kernel fixes;
 # the others take ``[gate | up]`` halves on both sides.
-ACTIVATIONS = {"swiglu_clamped": "swigluoai", "silu": "silu", "gelu_tanh": "gelu_tanh"}
+ACTIVATIONS = {
+    "swiglu_clamped": "swigluoai",
+    "silu": "silu",
+    "gelu_tanh": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
 SWIGLUOAI_CONSTANTS = (1.702, 7.0)  # (alpha, limit)
 ISA = "vec"  # vLLM's portable vector kernel (its other, "amx", needs AMX tiles)
 ALIGNMENT = 32  # the kernel's output block: hidden and intermediate sizes must be multiples of it
@@ -59,9 +64,11 @@ class VllmFusedExperts(nn.Module):
         # BF16 experts are stored [E, out, in] in memory (``MoEExperts``), the kernel's input layout.
         self.register_buffer("w13", vllm_ops.cpu_prepack_moe_weight(_out_in(experts.gate_up), ISA))
         self.register_buffer("w2", vllm_ops.cpu_prepack_moe_weight(_out_in(experts.down), ISA))
-        self.w13_bias = experts.gate_up_bias
-        # Each TP rank holds the whole down bias; only rank 0 adds it, so the all-reduce counts it once.
-        self.w2_bias = experts.down_bias if experts.tp.rank == 0 else None
+        # Buffers, not parameters: vLLM checks that every parameter left after loading came from the
+        # checkpoint, under its name then. Each TP rank holds the whole down bias; only rank 0 adds it,
+        # so the all-reduce counts it once.
+        self.register_buffer("w13_bias", _data(experts.gate_up_bias))
+        self.register_buffer("w2_bias", _data(experts.down_bias) if experts.tp.rank == 0 else None)
 
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, rank: torch.Tensor
@@ -74,6 +81,10 @@ class VllmFusedExperts(nn.Module):
             weights.float(), topk_ids, self.act, ISA,
         )  # fmt: skip
         return self.world.all_reduce(out)
+
+
+def _data(param: nn.Parameter | None) -> torch.Tensor | None:
+    return None if param is None else param.data
 
 
 def _out_in(weight: torch.Tensor) -> torch.Tensor:
