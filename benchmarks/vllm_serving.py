@@ -156,9 +156,9 @@ def serve_and_measure(
             )
         figures = run_load(server, load, vocab)
         figures["decode"] = run_decode(server, decode, vocab)
-        server.stop()
         # What the bridge reported at start-up (the served class, and which MoE kernel runs the experts).
         said = [line[line.index(PLUGIN_LOG) :] for line in server.log().splitlines() if PLUGIN_LOG in line]
+        server.stop()
         return {"startup_seconds": startup, **figures, **({"plugin_log": said} if said else {})}
     finally:
         server.kill()
