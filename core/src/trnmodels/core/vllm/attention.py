@@ -68,12 +68,11 @@ def swap_attention(model: nn.Module, vllm_config: VllmConfig, prefix: str) -> li
     layers = attention_layers(model)
     vllm_names = {layer.layer_name: f"{prefix}{paths[id(layer)]}" for layer in layers}
     for layer in layers:
-        path = paths[id(layer)]
-        parent_path, _, attr = path.rpartition(".")
-        parent = model.get_submodule(parent_path) if parent_path else model
         target = getattr(layer, "kv_sharing_target_layer_name", None)
         if target is not None and target not in vllm_names:
             raise ConfigError(f"{layer.layer_name}: shares the KV cache of unknown layer {target!r}")
         shared = None if target is None else vllm_names[target]
-        setattr(parent, attr, VllmAttention(layer, vllm_names[layer.layer_name], vllm_config, shared))
+        model.set_submodule(
+            paths[id(layer)], VllmAttention(layer, vllm_names[layer.layer_name], vllm_config, shared)
+        )
     return list(vllm_names.values())

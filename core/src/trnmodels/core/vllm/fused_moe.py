@@ -103,7 +103,6 @@ def swap_fused_experts(model: nn.Module) -> tuple[int, list[str]]:
         if reason is not None:
             reasons.append(f"{path}: {reason}")
             continue
-        parent_path, _, attr = path.rpartition(".")
-        setattr(model.get_submodule(parent_path) if parent_path else model, attr, VllmFusedExperts(module))
+        model.set_submodule(path, VllmFusedExperts(module))
         swapped += 1
     return swapped, reasons
