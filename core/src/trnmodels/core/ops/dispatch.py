@@ -103,6 +103,12 @@ def cpu_kernels_enabled() -> list[str]:
     return list(_enabled())
 
 
+def cpu_kernel_enabled(op: str) -> bool:
+    """Whether ``op``'s CPU kernel may run: not turned off by ``TRNMODELS_KERNEL_BACKEND=torch`` or left
+    out of ``TRNMODELS_CPU_KERNELS`` (a kernel of another library standing in for it asks the same)."""
+    return current_backend() != "torch" and op in _enabled()
+
+
 def _enabled() -> tuple[str, ...]:
     return _enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names)
 

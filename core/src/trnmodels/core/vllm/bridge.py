@@ -119,6 +119,6 @@ class TrnmodelsForCausalLM(nn.Module):
             logger.info(
                 "trnmodels: %d MoE layers run vLLM's fused CPU MoE kernel%s",
                 fused,
-                "".join(f"; core's kernel for {reason}" for reason in reasons[:1]),
+                f"; core's kernel for {reasons[0]}" if reasons else "",
             )
         return loaded

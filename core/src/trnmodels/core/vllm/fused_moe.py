@@ -16,7 +16,7 @@ from torch import nn
 from vllm import _custom_ops as vllm_ops
 
 from ..modules.moe import MoEExperts
-from ..ops.dispatch import cpu_kernels_enabled, current_backend
+from ..ops.dispatch import cpu_kernel_enabled
 
 # Our activation name -> vLLM's ``MoEActivation`` value. gpt-oss's clamped SwiGLU is vLLM's
 # ``swigluoai`` (gate and up interleaved, as we store them) with its constants, which vLLM's kernel fixes;
@@ -36,7 +36,7 @@ def why_not_fused(experts: MoEExperts) -> str | None:
     """Why vLLM's kernel cannot run ``experts`` exactly as core's op does; None when it can."""
     if not hasattr(torch.ops._C, "cpu_fused_moe"):
         return "this vLLM build has no cpu_fused_moe kernel"
-    if current_backend() == "torch" or "moe_experts" not in cpu_kernels_enabled():
+    if not cpu_kernel_enabled("moe_experts"):
         return "the moe_experts CPU kernel is turned off (TRNMODELS_KERNEL_BACKEND / TRNMODELS_CPU_KERNELS)"
     if experts.gate_up.device.type != "cpu" or experts.gate_up.dtype != torch.bfloat16:
         return f"weights are {experts.gate_up.dtype} on {experts.gate_up.device}, not bfloat16 on the CPU"
