@@ -10,6 +10,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward as 
 
 from trnmodels.core.accuracy.three_way import assert_close_three_way
 from trnmodels.core.ops import attention, decode_attention, prefill_attention
+from trnmodels.core.ops.dispatch import select_backend
 
 D = 16
 SCALE = D**-0.5
@@ -239,6 +240,28 @@ def test_decode_matches_prefill_last_token(opts, hkv):
         for b, (q, k, v) in enumerate(seqs):
             hf = _hf(gpt_oss_eager, q, k, v, _causal(len(q)), sinks=opts["sinks"])
             torch.testing.assert_close(plain[b], hf[-1])
+
+
+@pytest.mark.parametrize("opts", [{}, {"sliding_window": 3}], ids=["causal", "sliding"])
+@torch.no_grad()
+def test_decode_cpu_kernel_reads_only_the_blocks_the_batch_filled(monkeypatch, opts):
+    """A context bucket wider than the batch: its extra columns point at a block of NaN. The reference
+    multiplies their zero weights by NaN; the kernel leaves the blocks out and matches the prefill."""
+    h = 8
+    seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(h, 2, seed=3)
+    unused = min(set(range(1, NUM_BLOCKS)) - set(block_tables.flatten().tolist()))
+    k_cache[unused], v_cache[unused] = float("nan"), float("nan")
+    wide = torch.cat([block_tables, torch.full((len(LENS), 2), unused)], dim=1)
+    q_last = torch.stack([q[-1] for q, _, _ in seqs])
+    args = (q_last, k_cache, v_cache, wide, context_lens)
+    assert select_backend("decode_attention", *args) == "cpu"
+    out = decode_attention(*args, scale=SCALE, **opts)
+    for b, (q, k, v) in enumerate(seqs):
+        ref = prefill_attention(q, k, v, torch.zeros(len(q), dtype=torch.long), scale=SCALE, **opts)
+        torch.testing.assert_close(out[b], ref[-1])
+    assert decode_attention.reference(*args, scale=SCALE, **opts).isnan().all()
+    monkeypatch.setenv("TRNMODELS_CPU_KERNELS", "none")
+    assert decode_attention(*args, scale=SCALE, **opts).isnan().all()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""In-graph sampling against hand-computed expectations."""
+"""In-graph sampling against hand-computed expectations, and its CPU kernel against the reference."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trnmodels.core.ops import gumbel_noise, sample
+from trnmodels.core.ops.dispatch import cpu_kernels_in_graphs, select_backend
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]])
 
@@ -89,3 +91,63 @@ def test_step_graph_flags_rows_whose_logits_are_not_finite():
 
     logits = torch.tensor([[0.0, 1.0], [float("nan"), 1.0], [0.0, float("inf")], [float("-inf"), 0.0]])
     assert finite_rows(logits).tolist() == [True, False, False, False]
+
+
+# --------------------------------------------------------------------------------------------------
+# The CPU kernel: the reference's tokens, without the sort when no row samples
+# --------------------------------------------------------------------------------------------------
+
+
+def _batch(temperatures, vocab=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = len(temperatures)
+    logits = torch.randn(n, vocab, generator=g) * 3
+    noise = torch.stack([gumbel_noise(vocab, g) for _ in range(n)])
+    top_k = torch.tensor([0, 5, 1, 0, 12, 0][:n])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.6, 0.8, 0.95][:n])
+    return logits, torch.tensor(temperatures), top_k, top_p, noise
+
+
+@pytest.mark.parametrize(
+    "temperatures",
+    [[0.0] * 6, [0.0, 0.7, 0.0, 1.3, 0.0, 0.0], [0.5, 0.7, 1.0, 1.3, 2.0, 0.9]],
+    ids=["greedy", "mixed", "sampled"],
+)
+def test_cpu_kernel_draws_the_reference_tokens(temperatures):
+    assert select_backend("sample", *_batch(temperatures)) == "cpu"
+    for seed in range(5):
+        batch = _batch(temperatures, seed=seed)
+        assert sample(*batch).tolist() == sample.reference(*batch).tolist()
+
+
+def test_a_greedy_batch_skips_the_sort_and_a_sampling_batch_does_not(monkeypatch):
+    calls = []
+
+    def counting_reference(*args):
+        calls.append(args)
+        return reference(*args)
+
+    reference = sample.reference
+    monkeypatch.setattr(sample, "reference", counting_reference)
+    sample(*_batch([0.0] * 6))
+    assert calls == []
+    sample(*_batch([0.0, 0.0, 0.0, 0.0, 0.0, 0.4]))
+    assert len(calls) == 1
+
+
+class _Sampler(torch.nn.Module):
+    def forward(self, logits, temperature, top_k, top_p, noise):
+        return sample(logits, temperature, top_k, top_p, noise)
+
+
+@pytest.mark.parametrize(("kernels", "branches"), [("all", True), ("none", False)])
+def test_capture_takes_the_kernel_with_both_branches(monkeypatch, kernels, branches):
+    """The kernel is static (``torch.cond``), so a CPU graph captures it; with the kernel turned off
+    the graph keeps the reference's unconditional sort."""
+    monkeypatch.setenv("TRNMODELS_CPU_KERNELS", kernels)
+    assert ("sample" in cpu_kernels_in_graphs()) is branches
+    program = torch.export.export(_Sampler(), _batch([0.0] * 6), strict=True)
+    assert ("torch.ops.higher_order.cond" in program.graph_module.code) is branches
+    for temperatures in ([0.0] * 6, [0.0, 0.7, 0.0, 1.3, 0.0, 0.0]):
+        batch = _batch(temperatures, seed=3)
+        assert program.module()(*batch).tolist() == sample.reference(*batch).tolist()

@@ -28,6 +28,7 @@ from .. import neuron
 from ..causal_lm import check_model_config
 from ..errors import TrnModelsError
 from ..hf_config import load_hf_config
+from ..ops.dispatch import cpu_kernels_in_graphs
 from ..parallel.state import ParallelLayout, destroy_parallel_state, init_parallel_state
 from ..plugins import plugin_for_architecture
 from ..runner.config import RunnerConfig
@@ -98,7 +99,10 @@ class GraphResult:
 def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
     """The key fields every graph of ``target`` shares; ``package`` is its plugin's import name."""
     source = source_digest(importlib.import_module("trnmodels.core"), importlib.import_module(package))
-    return {"dtype": target.dtype, "compiler_flags": dict(COMPILER_FLAGS), "source": source}
+    # The CPU kernels a capture takes change the graph, and the environment picks them
+    # (TRNMODELS_CPU_KERNELS, TRNMODELS_KERNEL_BACKEND): a bisecting run must not reuse the others' graphs.
+    flags = dict(COMPILER_FLAGS, cpu_kernels_in_graphs=cpu_kernels_in_graphs())
+    return {"dtype": target.dtype, "compiler_flags": flags, "source": source}
 
 
 def graph_keys(target: CompileTarget, specs: Iterable[GraphSpec], hf_config: Any = None) -> Keys:

@@ -35,8 +35,10 @@ def scaled_dot_product(
     """
     b, h, tq, d = q.shape
     hkv = k.shape[1]
-    qg = q.reshape(b, hkv, h // hkv, tq, d)
-    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)).float() * scale
+    # A group's query heads become extra query rows of their shared K/V head: a plain batched matmul.
+    # Broadcasting K/V over a group dimension instead would have matmul copy them once per head.
+    qg = q.reshape(b, hkv, h // hkv * tq, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float().reshape(b, hkv, h // hkv, tq, -1) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
@@ -47,7 +49,7 @@ def scaled_dot_product(
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs.to(v.dtype), v.unsqueeze(2))
+    out = torch.matmul(probs.to(v.dtype).reshape(b, hkv, h // hkv * tq, -1), v)
     return out.reshape(b, h, tq, v.shape[-1])
 
 

@@ -5,7 +5,8 @@ The rule: the NKI implementation is used only when the Neuron SDK imports, an NK
 for the op (``register_nki``; see ``neuron.kernels`` for the kernel each op targets), the op's first
 tensor lives on a Neuron device, and the op's own shape predicate accepts the call. A CPU kernel
 (``register_cpu``; the kernels are in ``trnmodels.core.cpu``) is used when the op's first tensor lives on
-the CPU, the call is eager (graph capture keeps the static reference), its predicate accepts the call
+the CPU, the call is eager (graph capture keeps the static reference, unless the kernel registered as
+``in_graphs``: static itself, it is captured into the CPU graphs too), its predicate accepts the call
 and ``TRNMODELS_CPU_KERNELS`` enables it (default ``all``; ``none``, or a comma-separated list of ops,
 to bisect a regression).
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
@@ -38,6 +39,7 @@ _nki_impls: dict[str, Callable[..., Any]] = {}
 _nki_supports: dict[str, Callable[..., bool]] = {}
 _cpu_impls: dict[str, Callable[..., Any]] = {}
 _cpu_supports: dict[str, Callable[..., bool]] = {}
+_cpu_in_graphs: set[str] = set()
 _cpu_kernel_names: tuple[str, ...] = ()  # sorted keys of _cpu_impls, kept by register_cpu
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
@@ -73,12 +75,23 @@ def register_nki(op: str, impl: Callable[..., Any], supports: Callable[..., bool
     _bind("register_nki", _nki_impls, _nki_supports, op, impl, supports)
 
 
-def register_cpu(op: str, impl: Callable[..., Any], supports: Callable[..., bool] | None = None) -> None:
+def register_cpu(
+    op: str,
+    impl: Callable[..., Any],
+    supports: Callable[..., bool] | None = None,
+    *,
+    in_graphs: bool = False,
+) -> None:
     """Bind a CPU kernel to an op (``trnmodels.core.cpu`` does, at import). ``supports(*args, **kwargs)``
-    is its predicate: calls it rejects run the PyTorch reference."""
+    is its predicate: calls it rejects run the PyTorch reference. ``in_graphs`` says the kernel is static
+    (no branch on values outside ``torch.cond``), so graph capture for the CPU takes it as well."""
     global _cpu_kernel_names
     _bind("register_cpu", _cpu_impls, _cpu_supports, op, impl, supports)
     _cpu_kernel_names = tuple(sorted(_cpu_impls))
+    if in_graphs:
+        _cpu_in_graphs.add(op)
+    else:
+        _cpu_in_graphs.discard(op)
 
 
 def _bind(
@@ -107,6 +120,13 @@ def cpu_kernel_enabled(op: str) -> bool:
     """Whether ``op``'s CPU kernel may run: not turned off by ``TRNMODELS_KERNEL_BACKEND=torch`` or left
     out of ``TRNMODELS_CPU_KERNELS`` (a kernel of another library standing in for it asks the same)."""
     return current_backend() != "torch" and op in _enabled()
+
+
+def cpu_kernels_in_graphs() -> list[str]:
+    """The enabled CPU kernels a CPU graph capture takes: part of what a compiled graph computes."""
+    if current_backend() == "torch":
+        return []
+    return [op for op in _enabled() if op in _cpu_in_graphs]
 
 
 def _enabled() -> tuple[str, ...]:
@@ -178,8 +198,9 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
         op in _cpu_impls
         and first is not None
         and first.is_cpu
-        # A captured graph keeps the reference: CPU kernels may branch on values (token-sparse MoE).
-        and not torch.compiler.is_compiling()
+        # A captured graph keeps the reference unless the kernel is static: CPU kernels may branch on
+        # values (token-sparse MoE).
+        and (op in _cpu_in_graphs or not torch.compiler.is_compiling())
         and op in _enabled()
         and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
     ):
