@@ -1,8 +1,10 @@
-"""The linear op and its CPU kernel: BF16 projections computed in FP32 on a CPU without BF16 arithmetic.
+"""The linear op and its CPU kernel: FP32 through oneDNN, BF16 projections computed in FP32 on a CPU
+without BF16 arithmetic.
 
-The kernel is checked three ways: against a float64 ground truth of the same BF16 inputs, it is never
-further off than the BF16 reference (both round the result once; the reference's BF16 GEMM may round
-more), and it is selected exactly where its predicate says (BF16, enough rows, no BF16 hardware).
+The kernel is checked against a float64 ground truth of the same inputs: in FP32 it is within FP32
+rounding of it, as the reference is; in BF16 it is never further off than the BF16 reference (both round
+the result once; the reference's BF16 GEMM may round more). It is selected exactly where its predicate
+says, and graph capture for the CPU takes it.
 """
 
 import pytest
@@ -37,10 +39,36 @@ def _truth(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
-def test_fp32_runs_the_reference_bit_for_bit(no_bf16_hardware):
-    x, w, b = _call(16, torch.float32)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1,), (8,), (256,), (2, 4, 5)])
+def test_fp32_runs_onednn_within_fp32_rounding_of_the_truth(shape, bias):
+    x, w, b = _call(int(torch.tensor(shape).prod()), torch.float32, bias)
+    x = x.reshape(*shape, x.shape[-1])
+    assert select_backend("linear", x, w, b) == "cpu"
+    got, reference, truth = ops.linear(x, w, b), F.linear(x, w, b), _truth(x, w, b)
+    assert got.dtype == torch.float32 and got.shape == reference.shape
+    # Each of 96 products rounds by 2**-24 relative; the sum by at most 96 such steps of its partial sums.
+    bound = 96 * 2**-24 * (_truth(x.abs(), w.abs(), None if b is None else b.abs()))
+    assert ((got.double() - truth).abs() <= bound).all()
+    assert ((reference.double() - truth).abs() <= bound).all()
+
+
+def test_fp32_kernel_takes_strided_inputs_and_weights():
+    x, w, b = _call(12, torch.float32)
+    x_strided, w_strided = x.t().contiguous().t(), w.t().contiguous().t()
+    assert not x_strided.is_contiguous() and not w_strided.is_contiguous()
+    torch.testing.assert_close(ops.linear(x_strided, w_strided, b), _truth(x, w, b).float())
+
+
+def test_fp32_with_a_gradient_runs_the_reference():
+    """oneDNN's inner product has no backward: a call that records one keeps ``F.linear``."""
+    x, w, b = _call(4, torch.float32)
+    w.requires_grad_(True)
     assert select_backend("linear", x, w, b) == "torch"
-    assert torch.equal(ops.linear(x, w, b), F.linear(x, w, b))
+    ops.linear(x, w, b).sum().backward()
+    torch.testing.assert_close(w.grad, x.sum(0, keepdim=True).expand_as(w))
+    with torch.no_grad():
+        assert select_backend("linear", x, w, b) == "cpu"
 
 
 @pytest.mark.parametrize("rows", [1, 2, cpu_linear.MIN_ROWS - 1])
@@ -93,14 +121,26 @@ def test_matmul_upcasts_like_linear(no_bf16_hardware):
     assert torch.equal(cpu_linear.matmul(x[:1], w.T), x[:1] @ w.T)
 
 
-def test_graph_capture_keeps_the_reference(no_bf16_hardware):
-    """A captured graph runs the reference linear: the upcast's extra weight pass is the kernel's choice
-    for eager calls, and compiled graphs keep one code path for every backend."""
+class _Projection(torch.nn.Module):
+    def forward(self, x, w):
+        return ops.linear(x, w)
 
-    class Projection(torch.nn.Module):
-        def forward(self, x, w):
-            return ops.linear(x, w)
 
-    x, w, _ = _call(cpu_linear.MIN_ROWS, torch.bfloat16)
-    graph = str(torch.export.export(Projection(), (x, w), strict=True).graph)
-    assert "aten.linear" in graph and "torch.float32" not in graph
+@pytest.mark.parametrize(
+    ("rows", "dtype", "kernels", "expected"),
+    [
+        (8, torch.float32, "all", "mkldnn._linear_pointwise"),
+        (8, torch.float32, "none", "aten.linear"),
+        (cpu_linear.MIN_ROWS, torch.bfloat16, "all", "mkldnn._linear_pointwise"),
+        (cpu_linear.MIN_ROWS - 1, torch.bfloat16, "all", "aten.linear"),
+    ],
+    ids=["fp32", "fp32-kernels-off", "bf16-upcast", "bf16-few-rows"],
+)
+def test_graph_capture_takes_the_kernel(no_bf16_hardware, monkeypatch, rows, dtype, kernels, expected):
+    """The kernel is static, so a CPU graph captures it: the same inner product as eager calls."""
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, kernels)
+    x, w, _ = _call(rows, dtype)
+    with torch.no_grad():
+        program = torch.export.export(_Projection(), (x, w), strict=True)
+    assert expected in str(program.graph)
+    torch.testing.assert_close(program.module()(x, w), ops.linear(x, w), rtol=0, atol=0)

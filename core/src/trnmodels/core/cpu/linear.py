@@ -1,4 +1,22 @@
-"""Half-precision linear layers computed in FP32 on a CPU without half-precision arithmetic.
+"""Linear layers on the CPU: FP32 through oneDNN, and BF16 computed in FP32 where that is faster.
+
+FP32: ``F.linear`` runs MKL's SGEMM, which packs the weight into its own blocked layout on every call.
+With a few rows (decode) the packing is most of the call: profiled in a compiled batch-8 decode step of
+the llama3 bench config, SGEMM spent twice as long copying the weight as multiplying. oneDNN's inner
+product (``torch.ops.mkldnn._linear_pointwise``, the kernel Inductor's own CPU freezing passes use)
+reads the plain weight in place. Measured here (2 threads; ms, ``F.linear`` → oneDNN):
+
+| weight (N × K) | 1 row | 8 rows | 32 rows | 256 rows |
+|---|---|---|---|---|
+| 4096 × 768 | 0.73 → 0.24 | 1.67 → 1.46 | 3.3 → 2.7 | 20.0 → 17.5 |
+| 32000 × 768 (an LM head) | 9.5 → 5.9 | 16.1 → 8.2 | 27.1 → 15.6 | 111 → 83 |
+| 768 × 2048 | 0.14 → 0.12 | 0.58 → 0.34 | 1.08 → 0.81 | 6.1 → 5.9 |
+
+The call is static (no branch on values), so graph capture for the CPU takes it too: the compiled
+graphs run the same inner product. oneDNN has no backward here and no BF16 inner product on a CPU
+without BF16 arithmetic, so calls needing either keep the reference or the path below.
+
+BF16:
 
 Without AVX512-BF16 or AMX (an AVX2 CPU such as this machine's AMD EPYC), a BF16 matmul converts its
 operands in software inside the GEMM's inner loop, at a cost per multiply-add; converting both operands
@@ -17,8 +35,6 @@ accumulator once.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -28,10 +44,14 @@ from ..ops.dispatch import register_cpu
 MIN_ROWS = 32
 
 
-@functools.cache
+# Read once at import: graph capture cannot trace torch's own queries, and the answers never change.
+_BF16_IN_HARDWARE = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+_ONEDNN = torch.backends.mkldnn.is_available()
+
+
 def bf16_in_hardware() -> bool:
     """Whether this CPU multiplies BF16 natively (AVX512-BF16 or AMX), as oneDNN's BF16 GEMMs need."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return _BF16_IN_HARDWARE
 
 
 def upcast_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -46,15 +66,33 @@ def upcast_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight``, in FP32 and rounded once where ``upcast_pays`` (the MoE kernel's expert matmuls)."""
-    if upcast_pays(x, weight):
-        return (x.float() @ weight.float()).to(x.dtype)
+    """``x @ weight`` as ``linear`` computes it (the MoE kernel's expert matmuls)."""
+    if _supports(x, weight.mT):
+        return linear(x, weight.mT)
     return x @ weight
 
 
+def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: FP32, no gradient."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (
+        _ONEDNN
+        and all(t.dtype == torch.float32 for t in tensors)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.linear`` in FP32, rounded once to ``x``'s dtype."""
-    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    """``ops.linear`` through oneDNN (FP32), or in FP32 rounded once to ``x``'s dtype (BF16)."""
+    if x.dtype != torch.float32:
+        return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    if onednn_runs(x, weight, bias):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
-register_cpu("linear", linear, supports=upcast_pays)
+def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    return onednn_runs(x, weight, bias) or upcast_pays(x, weight, bias)
+
+
+register_cpu("linear", linear, supports=_supports, in_graphs=True)
