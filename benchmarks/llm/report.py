@@ -82,16 +82,10 @@ class Target:
 
 
 def targets(r: View) -> list[Target]:
-    t, load, ckpt = r["throughput"], r["loading"], r["checkpoint"]["bytes"]
+    load, ckpt = r["loading"], r["checkpoint"]["bytes"]
     worst_rank = max(s["peak_added"] for s in load["ours_tp"])
     return [
-        Target(
-            "decode",
-            "compiled decode at batch 1 ÷ HF eager",
-            t["ours_compiled"]["decode_b1"] / t["hf"]["decode_b1"],
-            ">=",
-            1.5,
-        ),
+        *decode_targets(r),
         Target(
             "warm_start",
             "warm start (cache hit) ÷ cold compile",
@@ -123,6 +117,28 @@ def targets(r: View) -> list[Target]:
             0.7,
         ),
     ]
+
+
+def decode_targets(r: View) -> list[Target]:
+    """Decode against HF eager: compiled at batch 1 and, for a dense model, at the batch (a MoE model's
+    compiled graphs run every expert: its own section says what that costs); eager at both."""
+    t, batch = r["throughput"], r["settings"]["batch"]
+
+    def ratio(mode: str, key: str) -> float:
+        return t[mode][key] / t["hf"][key]
+
+    out = [
+        Target(
+            "decode", "compiled decode at batch 1 ÷ HF eager", ratio("ours_compiled", "decode_b1"), ">=", 1.5
+        )
+    ]
+    if not r["checkpoint"].get("experts"):
+        name = f"compiled decode at batch {batch} ÷ HF eager"
+        out.append(Target("decode_batch", name, ratio("ours_compiled", f"decode_b{batch}"), ">=", 1.2))
+    for key, b in (("eager_decode", 1), ("eager_decode_batch", batch)):
+        name = f"eager decode at batch {b} ÷ HF eager"
+        out.append(Target(key, name, ratio("ours_eager", f"decode_b{b}"), ">=", 1.0))
+    return out
 
 
 def compile_targets(r: View) -> list[Target]:
@@ -182,12 +198,47 @@ def _why_decode(r: View) -> str:
             "beyond streaming the weights at full copy bandwidth for everything else a step does (attention "
             "over the context bucket, norms, sampling, the runner's host-side bookkeeping). "
         )
+    ex = r["checkpoint"].get("experts")
+    if ex:
+        chosen = ex["experts_per_token"] / ex["num_experts"]
+        hf_bytes = r["checkpoint"]["weight_bytes_per_token"] - ex["expert_bytes"] * (1 - chosen)
+        return text + (
+            f"Our compiled graphs keep the MoE static (every expert on every token) so they stream all "
+            f"{_mb(r['checkpoint']['weight_bytes_per_token'])} per token, where HF's eager loop reads only the "
+            f"chosen experts, {_mb(hf_bytes)} at batch 1: the MoE section above has the figures. The eager "
+            "path, which runs only the chosen experts on CPU, is the one to compare at batch 1."
+        )
     return text + (
         "The target presumes an eager baseline far from the roofline (dominated by per-op dispatch, as on "
         "an accelerator). On this CPU both spend the step in the same memory-bound matrix-vector products: "
         f"HF's step is only {1000 / hf - 1000 / roof:.1f} ms above the roofline, and that is all compiling "
         "could remove."
     )
+
+
+def _step_ms(r: View, mode: str, batch: int) -> float:
+    return 1000 * batch / r["throughput"][mode][f"decode_b{batch}"]
+
+
+def _why_decode_vs_hf(r: View, mode: str, batch: int, factor: float) -> str:
+    ours, hf = _step_ms(r, mode, batch), _step_ms(r, "hf", batch)
+    goal = "matching HF" if factor == 1 else f"{factor:g}× HF"
+    text = (
+        f"Ours took {ours:.1f} ms per decode step at batch {batch}, HF {hf:.1f} ms; {goal} needs "
+        f"{hf / factor:.1f} ms. Both read the same weights each step."
+    )
+    if mode == "ours_compiled":
+        context = r["runner"]["context_len_buckets"][-1]
+        text += (
+            f" Every step of the compiled graphs attends over the whole context bucket, {context} positions "
+            "(static shapes), where HF attends over each batch's real length."
+        )
+    if r["checkpoint"].get("experts") and mode == "ours_eager":
+        text += (
+            " The MoE section above gives the expert work per step: ours groups each expert's tokens into "
+            "one matmul per expert, HF loops over the experts the batch chose."
+        )
+    return text
 
 
 def _why_warm(r: View) -> str:
@@ -279,6 +330,9 @@ def _why_rss(stats: Mapping[str, Any], r: View, what: str, sharded: bool = False
 
 EXPLANATIONS: dict[str, Callable[[View], str]] = {
     "decode": _why_decode,
+    "decode_batch": lambda r: _why_decode_vs_hf(r, "ours_compiled", r["settings"]["batch"], 1.2),
+    "eager_decode": lambda r: _why_decode_vs_hf(r, "ours_eager", 1, 1.0),
+    "eager_decode_batch": lambda r: _why_decode_vs_hf(r, "ours_eager", r["settings"]["batch"], 1.0),
     "warm_start": _why_warm,
     "compile_jobs": _why_jobs,
     "warm_cli": _why_warm_cli,

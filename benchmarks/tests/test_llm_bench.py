@@ -205,6 +205,9 @@ def test_target_verdicts() -> None:
 def test_targets_are_ratios_of_the_same_run() -> None:
     got = {t.key: t for t in report.targets(report.views(_results())[0])}
     assert got["decode"].value == pytest.approx(60 / 56) and not got["decode"].met
+    assert got["decode_batch"].value == pytest.approx(158 / 204) and not got["decode_batch"].met
+    assert got["eager_decode"].value == pytest.approx(42 / 56) and not got["eager_decode"].met
+    assert got["eager_decode_batch"].value == pytest.approx(110 / 204) and not got["eager_decode_batch"].met
     assert got["warm_start"].value == pytest.approx(0.5 / 100) and got["warm_start"].met
     assert got["load_speed"].value == pytest.approx((400e6 / 0.2) / (400e6 / 0.25)) and got["load_speed"].met
     assert got["rss_tp1"].value == pytest.approx(1.1) and got["rss_tp1"].met
@@ -212,6 +215,17 @@ def test_targets_are_ratios_of_the_same_run() -> None:
     assert report.roofline(report.views(_results())[0]) == pytest.approx(80.0)
     assert got["compile_jobs"].value == pytest.approx(1.5) and not got["compile_jobs"].met
     assert got["warm_cli"].value == pytest.approx(1.1) and got["warm_cli"].met
+
+
+def test_a_moe_model_has_no_compiled_batch_target_and_its_eager_misses_point_to_the_moe_section() -> None:
+    moe = _bench_workload()
+    moe["checkpoint"]["experts"] = {"num_experts": 8, "experts_per_token": 2, "expert_bytes": 200e6}
+    r = _results(moe)
+    assert "decode_batch" not in {t.key for t in report.targets(report.views(r)[0])}
+    page = report.markdown(r, chart="toy.png")
+    # Eager at batch 8: 8 × 1000 / 110 = 72.7 ms a step against HF's 8 × 1000 / 204 = 39.2 ms.
+    assert "Ours took 72.7 ms per decode step at batch 8, HF 39.2 ms; matching HF needs 39.2 ms." in page
+    assert "The MoE section above gives the expert work per step" in page
 
 
 def test_best_schedule_of_graphs_on_workers() -> None:
@@ -253,7 +267,10 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
         assert text in page, text
     for t in report.targets(report.views(r)[0]):
         assert t.name in page
-    assert page.count("**missed**") == 3 and page.count("**met**") == 4
+    assert page.count("**missed**") == 6 and page.count("**met**") == 4
+    # Compiled at batch 8: 8 × 1000 / 158 = 50.6 ms a step; 1.2× HF's 204 tok/s is a step of 32.7 ms.
+    assert "Ours took 50.6 ms per decode step at batch 8, HF 39.2 ms; 1.2× HF needs 32.7 ms." in page
+    assert "attends over the whole context bucket" in page and "MoE section" not in page
     # Set-up 60 - median(55, 35) = 15 s; graph work 45, 55, 35 = 135 s in queues of at best 80 s (45 + 35 | 55).
     assert "about 15.0 s" in page and "queues of 80.0 s" in page
     assert "at most 1.58×" in page and "(1.69× with no set-up at all)" in page
@@ -296,7 +313,8 @@ def test_a_second_workload_adds_its_rows_to_every_table() -> None:
     # 33.5 / 22.5 = 1.49 misses 1.5× HF; 440 MB and 300 MB per rank of a 538 MB checkpoint meet 1.2× and 0.7×.
     assert "### SmolLM2-135M-Instruct: compiled decode at batch 1 ÷ HF eager: 1.49×" in page
     assert "### SmolLM2-135M-Instruct: peak RSS" not in page
-    assert page.count("**missed**") == 3 + 1 and page.count("**met**") == 4 + 5
+    # Its compiled batch-8 (99.5 ÷ 88.5 = 1.12×) and eager decode (0.96×, 0.88×) miss as well.
+    assert page.count("**missed**") == 6 + 4 and page.count("**met**") == 4 + 5
 
 
 @pytest.mark.parametrize("workloads", [1, 2])
