@@ -1,5 +1,7 @@
 """Kernel dispatch: the torch path without the Neuron SDK, and the NKI branch with the SDK faked."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -315,3 +317,22 @@ def test_register_cpu_unknown_op_raises():
     with pytest.raises(ConfigError, match="no_such_op"):
         register_cpu("no_such_op", lambda *a, **k: None)
     assert "no_such_op" not in dispatch._cpu_impls
+
+
+@pytest.mark.parametrize(("value", "expected"), [("all", ("linear",)), ("none", ())])
+def test_a_trace_reads_the_cpu_kernels_env_var_without_dynamo_warnings(monkeypatch, value, expected):
+    # Under a trace the setting is parsed uncached: Dynamo warns when it traces through an lru_cache.
+    monkeypatch.setattr(dispatch, "_cpu_kernel_names", ("linear",))
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, value)
+    seen = []
+
+    def probe(x):
+        seen.append(tuple(cpu_kernels_enabled()))
+        return x + 1
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(2))
+    assert seen == [expected]
+    assert not [w for w in caught if "lru_cache" in str(w.message)]

@@ -130,12 +130,15 @@ def cpu_kernels_in_graphs() -> list[str]:
 
 
 def _enabled() -> tuple[str, ...]:
-    return _enabled_kernels(os.environ.get(CPU_KERNELS_ENV_VAR, "all"), _cpu_kernel_names)
+    value = os.environ.get(CPU_KERNELS_ENV_VAR, "all")
+    if torch.compiler.is_compiling():
+        # A trace runs this once per call site and keeps the answer; through the cache Dynamo would
+        # warn that it ignores it.
+        return _parse_enabled(value, _cpu_kernel_names)
+    return _enabled_kernels(value, _cpu_kernel_names)
 
 
-@functools.lru_cache(maxsize=16)
-def _enabled_kernels(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
-    # Cached: every eager linear layer asks, and parsing the variable each time would show in decode.
+def _parse_enabled(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
     value = value.strip()
     if value == "all":
         return kernels
@@ -149,6 +152,10 @@ def _enabled_kernels(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
             f"comma-separated list of {list(kernels)}"
         )
     return tuple(sorted(names))
+
+
+# Cached: every eager linear layer asks, and parsing the variable each time would show in decode.
+_enabled_kernels = functools.lru_cache(maxsize=16)(_parse_enabled)
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:
