@@ -1,20 +1,22 @@
-"""Linear layers on the CPU: FP32 through oneDNN, and BF16 computed in FP32 where that is faster.
+"""Linear layers on the CPU: one-row FP32 calls through oneDNN, and BF16 computed in FP32 where that is faster.
 
 FP32: ``F.linear`` runs MKL's SGEMM, which packs the weight into its own blocked layout on every call.
-With a few rows (decode) the packing is most of the call: profiled in a compiled batch-8 decode step of
-the llama3 bench config, SGEMM spent twice as long copying the weight as multiplying. oneDNN's inner
-product (``torch.ops.mkldnn._linear_pointwise``, the kernel Inductor's own CPU freezing passes use)
-reads the plain weight in place. Measured here (2 threads; ms, ``F.linear`` → oneDNN):
+With one row (a batch-1 decode step) the packing is most of the call. oneDNN's inner product
+(``torch.ops.mkldnn._linear_pointwise``, the kernel Inductor's own CPU freezing passes use) reads the
+plain weight in place. Measured here (2 threads, one row; ms, ``F.linear`` → oneDNN): 4096 × 768,
+0.73 → 0.24; 32000 × 768 (an LM head), 9.5 → 5.9; 768 × 2048, 0.14 → 0.12.
 
-| weight (N × K) | 1 row | 8 rows | 32 rows | 256 rows |
-|---|---|---|---|---|
-| 4096 × 768 | 0.73 → 0.24 | 1.67 → 1.46 | 3.3 → 2.7 | 20.0 → 17.5 |
-| 32000 × 768 (an LM head) | 9.5 → 5.9 | 16.1 → 8.2 | 27.1 → 15.6 | 111 → 83 |
-| 768 × 2048 | 0.14 → 0.12 | 0.58 → 0.34 | 1.08 → 0.81 | 6.1 → 5.9 |
+Only one row: from two rows on oneDNN sums in a coarser order than SGEMM. Its largest error against a
+float64 truth was 2–4× SGEMM's at every shape measured here (2 to 256 rows; 1536 × 576, 576 × 1536,
+49152 × 576, 4096 × 768), while at one row it was 0.5–0.7× SGEMM's. Over SmolLM2's 30 layers the
+multi-row difference added up to FP32 logits 1.6e-4 from transformers' (the parity bound is 1e-4;
+SGEMM stays at 8e-5). So a call of two or more FP32 rows keeps ``F.linear``: no accuracy is traded for
+speed.
 
-The call is static (no branch on values), so graph capture for the CPU takes it too: the compiled
-graphs run the same inner product. oneDNN has no backward here and no BF16 inner product on a CPU
-without BF16 arithmetic, so calls needing either keep the reference or the path below.
+The call is static (no branch on values; the row count is part of a graph's static shape), so graph
+capture for the CPU takes it too: the compiled batch-1 decode graphs run the same inner product. oneDNN
+has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing either
+keep the reference or the path below.
 
 BF16:
 
@@ -54,13 +56,16 @@ def bf16_in_hardware() -> bool:
     return _BF16_IN_HARDWARE
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
 def upcast_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``x @ weight`` runs faster in FP32 here: BF16 operands, enough rows, no BF16 hardware."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
         x.dtype == torch.bfloat16
         and weight.dtype == torch.bfloat16
-        and rows >= MIN_ROWS
+        and _rows(x) >= MIN_ROWS
         and not bf16_in_hardware()
     )
 
@@ -73,17 +78,18 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: FP32, no gradient."""
+    """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: one FP32 row, no gradient."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     return (
         _ONEDNN
+        and _rows(x) == 1
         and all(t.dtype == torch.float32 for t in tensors)
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.linear`` through oneDNN (FP32), or in FP32 rounded once to ``x``'s dtype (BF16)."""
+    """``ops.linear`` through oneDNN (one FP32 row), or in FP32 rounded once to ``x``'s dtype (BF16)."""
     if x.dtype != torch.float32:
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     if onednn_runs(x, weight, bias):
