@@ -3,9 +3,9 @@ on a CPU without BF16 arithmetic.
 
 The kernel is checked against a float64 ground truth of the same inputs: in FP32 it is within FP32
 rounding of it, as the reference is, and multi-row FP32 calls are the reference's own SGEMM (oneDNN
-sums those more coarsely, which broke logit parity on real weights); in BF16 it is never further off than the BF16 reference (both round
-the result once; the reference's BF16 GEMM may round more). It is selected exactly where its predicate
-says, and graph capture for the CPU takes it.
+sums those more coarsely, which broke logit parity on real weights); in BF16 it is never further off
+than the BF16 reference (both round the result once; the reference's BF16 GEMM may round more). It is
+selected exactly where its predicate says, and graph capture for the CPU takes it.
 """
 
 import pytest
