@@ -27,7 +27,7 @@ import torch
 from ..attention import AttentionMetadata
 from ..errors import ConfigError, InputError
 from ..kv_cache import slot_mapping
-from ..parallel.launch import run_on_ranks
+from ..parallel.launch import rank_context, run_on_ranks
 from ..parallel.state import ParallelLayout, get_parallel_layout
 from ..runner.config import RunnerConfig, SamplingParams
 from ..runner.engine import Runner
@@ -278,7 +278,7 @@ class RankPool:
             self._local: RankWorker | None = run_on_ranks(_build_local, spec.layout, spec)
             return
         self._local = None
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = rank_context()
         self._inboxes = [ctx.Queue() for _ in range(self.world_size)]
         self._outbox = ctx.Queue()
         self._error: BaseException | None = None
