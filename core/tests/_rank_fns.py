@@ -7,6 +7,8 @@ spawn. Not collected by pytest (no ``test_`` prefix).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -119,3 +121,10 @@ def mesh_checks(rank: int, world_size: int) -> dict:
 
 def raise_sharding_error(rank: int, world_size: int) -> None:
     raise ShardingError(f"rank {rank} of {world_size}: ep_degree=3 does not divide num_local_experts=4")
+
+
+def environment_variable(rank: int, world_size: int, name: str) -> list[str | None]:
+    """Every rank's value of the environment variable ``name`` (rank 0's result holds them all)."""
+    values: list[str | None] = [None] * world_size
+    dist.all_gather_object(values, os.environ.get(name))
+    return values

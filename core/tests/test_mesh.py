@@ -78,3 +78,16 @@ def test_tp2_ep2_groups_over_gloo(rank_fns):
 def test_user_error_inside_ranks_reaches_the_caller_as_itself(rank_fns):
     with pytest.raises(ShardingError, match=r"of 2: ep_degree=3 does not divide num_local_experts=4"):
         run_on_ranks(rank_fns.raise_sharding_error, 2)
+
+
+@pytest.mark.slow
+def test_ranks_see_the_environment_of_their_launch_not_of_the_fork_server(rank_fns, monkeypatch):
+    """Ranks fork from a server that keeps the environment it started with; each launch hands over the
+    caller's environment as it is then, a variable set or removed after the server started included."""
+    name = "TRNMODELS_TEST_RANK_ENVIRONMENT"
+    monkeypatch.setenv(name, "first")
+    assert run_on_ranks(rank_fns.environment_variable, 2, name) == ["first", "first"]
+    monkeypatch.setenv(name, "second")  # the server is running now: it started with "first" or without
+    assert run_on_ranks(rank_fns.environment_variable, 2, name) == ["second", "second"]
+    monkeypatch.delenv(name)
+    assert run_on_ranks(rank_fns.environment_variable, 2, name) == [None, None]
