@@ -93,7 +93,7 @@ def _sync(session: nox.Session, groups: Sequence[str] = ("dev",)) -> None:
         "--all-packages",
         # Write the .pyc files at install: with PYTHONDONTWRITEBYTECODE set (as on the CI machine) every
         # interpreter would otherwise compile torch's and transformers' sources again, about 5 s a process,
-        # and the tests start hundreds (CLI runs, ranks, release venvs).
+        # and the tests start hundreds (CLI runs, fork servers, nested pytest runs).
         "--compile-bytecode",
         *(arg for group in groups for arg in ("--group", group)),
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},

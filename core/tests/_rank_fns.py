@@ -1,8 +1,8 @@
-"""Rank functions for ``test_parallel.py``, in a plain module so spawned ranks can import it.
+"""Rank functions for ``test_parallel.py`` and ``test_mesh.py``, in a plain module ranks can import.
 
-pytest's importlib mode registers test modules under names (``core.tests.test_parallel``) a spawned child
-cannot import, so ``run_on_ranks`` targets live here; the test puts this directory on ``sys.path`` for the
-spawn. Not collected by pytest (no ``test_`` prefix).
+pytest's importlib mode registers test modules under names (``core.tests.test_parallel``) a rank process
+cannot import, so ``run_on_ranks`` targets live here; the test puts this directory on ``sys.path``, which
+each launch hands to its ranks. Not collected by pytest (no ``test_`` prefix).
 """
 
 from __future__ import annotations

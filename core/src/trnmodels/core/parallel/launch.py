@@ -115,7 +115,7 @@ def run_on_ranks(fn: Callable[..., T], world: int | ParallelLayout, *args: Any) 
         return fn(0, 1, *args)
     with tempfile.TemporaryDirectory(prefix="trnmodels-ranks-") as tmp:
         result_path = str(Path(tmp) / "rank0.pt")
-        rank_context()
+        rank_context()  # names what the fork server preloads, should this launch start it
         try:
             mp.start_processes(
                 _rank_main,
