@@ -89,9 +89,11 @@ def _rank_main(
             result = fn(rank, world_size, *args)
         except TrnModelsError as e:
             # A user error (bad config, bad checkpoint): hand it to the caller as itself, not as a
-            # traceback from a child process. Every rank raises the same one; the first write wins.
-            if not os.path.exists(_error_path(result_path)):
-                torch.save(e, _error_path(result_path))
+            # traceback from a child process. Ranks raising at once must not interleave their writes (the
+            # caller then read a corrupt file): each writes its own file and moves it into place whole.
+            own = f"{_error_path(result_path)}.{rank}"
+            torch.save(e, own)
+            os.replace(own, _error_path(result_path))
             raise
         if rank == 0:
             torch.save(result, result_path)
