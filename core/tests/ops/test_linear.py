@@ -1,9 +1,10 @@
-"""The linear op and its CPU kernel: one-row FP32 calls through oneDNN, BF16 projections computed in FP32
-on a CPU without BF16 arithmetic.
+"""The linear op and its CPU kernel: one-row FP32 calls through oneDNN, a few FP32 rows against a large
+weight as a swapped SGEMM, BF16 projections computed in FP32 on a CPU without BF16 arithmetic.
 
 The kernel is checked against a float64 ground truth of the same inputs: in FP32 it is within FP32
-rounding of it, as the reference is, and multi-row FP32 calls are the reference's own SGEMM (oneDNN
-sums those more coarsely, which broke logit parity on real weights); in BF16 it is never further off
+rounding of it, as the reference is, and multi-row FP32 calls are an SGEMM like the reference's, its
+operands swapped for a few rows against a large weight (oneDNN sums those more coarsely, which broke
+logit parity on real weights); in BF16 it is never further off
 than the BF16 reference (both round the result once; the reference's BF16 GEMM may round more). It is
 selected exactly where its predicate says, and graph capture for the CPU takes it.
 """
@@ -61,6 +62,43 @@ def test_fp32_several_rows_run_the_reference_sgemm(shape, bias):
     x = x.reshape(*shape, x.shape[-1])
     assert select_backend("linear", x, w, b) == "torch"
     assert torch.equal(ops.linear(x, w, b), F.linear(x, w, b))
+
+
+def _large_call(rows: int, bias: bool = True):
+    """A weight of ``SWAP_MIN_WEIGHT`` elements: the size from which a few rows swap the operands."""
+    g = torch.Generator().manual_seed(1)
+    n, k = 2048, cpu_linear.SWAP_MIN_WEIGHT // 2048
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    return x, w, torch.randn(n, generator=g) if bias else None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(2,), (8,), (2, 4, 4), (cpu_linear.SWAP_MAX_ROWS,)])
+def test_fp32_few_rows_against_a_large_weight_run_the_swapped_sgemm_within_fp32_rounding(shape, bias):
+    x, w, b = _large_call(int(torch.tensor(shape).prod()), bias)
+    x = x.reshape(*shape, x.shape[-1])
+    assert select_backend("linear", x, w, b) == "cpu"
+    got, reference, truth = ops.linear(x, w, b), F.linear(x, w, b), _truth(x, w, b)
+    assert got.shape == reference.shape and got.is_contiguous()
+    k = x.shape[-1]
+    bound = k * 2**-24 * _truth(x.abs(), w.abs(), None if b is None else b.abs())
+    assert ((got.double() - truth).abs() <= bound).all()
+    # Not a coarser order than the reference's (as oneDNN's was): the same size of error.
+    assert (got.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max()
+
+
+@pytest.mark.parametrize("case", ["too-many-rows", "small-weight", "transposed-weight", "bf16"])
+def test_the_swap_is_only_taken_where_it_was_measured_to_pay(case):
+    x, w, b = _large_call(cpu_linear.SWAP_MAX_ROWS + 1 if case == "too-many-rows" else 8)
+    if case == "small-weight":
+        w, b = w[: w.shape[0] // 2], b[: w.shape[0] // 2]
+    if case == "transposed-weight":
+        w = w.t().contiguous().t()
+    if case == "bf16":
+        x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    assert not cpu_linear.swap_pays(x, w, b)
+    assert select_backend("linear", x, w, b) == "torch"
 
 
 def test_fp32_kernel_takes_strided_inputs_and_weights():
@@ -145,17 +183,18 @@ class _Projection(torch.nn.Module):
         (1, torch.float32, "all", "mkldnn._linear_pointwise", "aten.linear"),
         (1, torch.float32, "none", "aten.linear", "mkldnn"),
         (8, torch.float32, "all", "aten.linear", "mkldnn"),
+        ("large-8", torch.float32, "all", "aten.mm", "aten.linear"),
         (cpu_linear.MIN_ROWS, torch.bfloat16, "all", "aten.to.dtype", "mkldnn"),
         (cpu_linear.MIN_ROWS - 1, torch.bfloat16, "all", "aten.linear", "aten.to.dtype"),
     ],
-    ids=["fp32-one-row", "fp32-kernels-off", "fp32-rows", "bf16-upcast", "bf16-few-rows"],
+    ids=["fp32-one-row", "fp32-kernels-off", "fp32-rows", "fp32-swapped", "bf16-upcast", "bf16-few-rows"],
 )
 def test_graph_capture_takes_the_kernel(
     no_bf16_hardware, monkeypatch, rows, dtype, kernels, expected, absent
 ):
     """The kernel is static, so a CPU graph captures it: the same inner product as eager calls."""
     monkeypatch.setenv(CPU_KERNELS_ENV_VAR, kernels)
-    x, w, _ = _call(rows, dtype)
+    x, w, _ = _large_call(8) if rows == "large-8" else _call(rows, dtype)
     with torch.no_grad():
         program = torch.export.export(_Projection(), (x, w), strict=True)
     assert expected in str(program.graph) and absent not in str(program.graph)

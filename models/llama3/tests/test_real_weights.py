@@ -68,3 +68,28 @@ def test_greedy_chat_equals_hf_generate(smollm2):
     # HF stops at EOS too: compare up to our stop (EOS included).
     assert ours == expected[: len(ours)]
     assert "Paris" in outputs[0]["text"]
+
+
+def test_logits_of_a_short_prefill_match_hf(smollm2):
+    """A prefill of a few rows runs the LM head (49152 × 576) as a swapped SGEMM (``cpu.linear``):
+    still FP32 within 1e-4 of HF."""
+    from trnmodels.core.cpu import linear as cpu_linear
+
+    checkpoint, tokenizer, hf = smollm2
+    token_ids = greedy_teacher_sequence(hf, tokenizer(QUESTION)["input_ids"], 8)
+    assert cpu_linear.swap_pays(torch.empty(len(token_ids), 576), hf.lm_head.weight.detach())
+    ours = score_checkpoint(checkpoint, token_ids)
+    report = compare_teacher_forced_logits(ours, hf_logits(hf, token_ids), atol=1e-4)
+    assert report.passed, report.format_table()
+
+
+def test_batched_greedy_chat_equals_hf_per_question(smollm2):
+    """Four questions decoded as one batch (the LM head swapped, as above) answer as HF does one by one."""
+    checkpoint, tokenizer, hf = smollm2
+    questions = [QUESTION, "What is 2 + 2?", "Name a colour of the sky.", "Who wrote Hamlet?"]
+    texts = [chat(tokenizer, q) for q in questions]
+    outputs, _ = generate_texts(checkpoint, texts, SamplingParams(max_new_tokens=8), eager=True)
+    for text, output in zip(texts, outputs, strict=True):
+        prompt = tokenizer(text)["input_ids"]
+        expected = greedy_teacher_sequence(hf, prompt, 8)[len(prompt) :]
+        assert output["token_ids"] == expected[: len(output["token_ids"])], text
