@@ -213,6 +213,7 @@ def test_targets_are_ratios_of_the_same_run() -> None:
     assert got["rss_tp1"].value == pytest.approx(1.1) and got["rss_tp1"].met
     assert got["rss_tp"].value == pytest.approx(1.5) and not got["rss_tp"].met  # worst rank
     assert report.roofline(report.views(_results())[0]) == pytest.approx(80.0)
+    assert got["roofline_share"].value == pytest.approx(60 / 80) and not got["roofline_share"].met
     assert got["compile_jobs"].value == pytest.approx(1.5) and not got["compile_jobs"].met
     assert got["warm_cli"].value == pytest.approx(1.1) and got["warm_cli"].met
 
@@ -221,7 +222,7 @@ def test_a_moe_model_has_no_compiled_batch_target_and_its_eager_misses_point_to_
     moe = _bench_workload()
     moe["checkpoint"]["experts"] = {"num_experts": 8, "experts_per_token": 2, "expert_bytes": 200e6}
     r = _results(moe)
-    assert "decode_batch" not in {t.key for t in report.targets(report.views(r)[0])}
+    assert {"decode_batch", "roofline_share"}.isdisjoint(t.key for t in report.targets(report.views(r)[0]))
     page = report.markdown(r, chart="toy.png")
     # Eager at batch 8: 8 × 1000 / 110 = 72.7 ms a step against HF's 8 × 1000 / 204 = 39.2 ms.
     assert "Ours took 72.7 ms per decode step at batch 8, HF 39.2 ms; matching HF needs 39.2 ms." in page
@@ -267,7 +268,9 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
         assert text in page, text
     for t in report.targets(report.views(r)[0]):
         assert t.name in page
-    assert page.count("**missed**") == 6 and page.count("**met**") == 4
+    assert page.count("**missed**") == 7 and page.count("**met**") == 4
+    # Batch 1 compiled: 1000 / 60 = 16.7 ms a step; the roofline's 12.5 ms ÷ 0.85 = 14.7 ms.
+    assert "our compiled step took 16.7 ms (4.2 ms more)" in page and "a step of 14.7 ms: 2.2 ms" in page
     # Compiled at batch 8: 8 × 1000 / 158 = 50.6 ms a step; 1.2× HF's 204 tok/s is a step of 32.7 ms.
     assert "Ours took 50.6 ms per decode step at batch 8, HF 39.2 ms; 1.2× HF needs 32.7 ms." in page
     assert "attends over the whole context bucket" in page and "MoE section" not in page
@@ -313,8 +316,9 @@ def test_a_second_workload_adds_its_rows_to_every_table() -> None:
     # 33.5 / 22.5 = 1.49 misses 1.5× HF; 440 MB and 300 MB per rank of a 538 MB checkpoint meet 1.2× and 0.7×.
     assert "### SmolLM2-135M-Instruct: compiled decode at batch 1 ÷ HF eager: 1.49×" in page
     assert "### SmolLM2-135M-Instruct: peak RSS" not in page
-    # Its compiled batch-8 (99.5 ÷ 88.5 = 1.12×) and eager decode (0.96×, 0.88×) miss as well.
-    assert page.count("**missed**") == 6 + 4 and page.count("**met**") == 4 + 5
+    # Its compiled batch-8 (99.5 ÷ 88.5 = 1.12×), eager decode (0.96×, 0.88×) and roofline share
+    # (33.5 ÷ 44.6 = 75%) miss as well.
+    assert page.count("**missed**") == 7 + 5 and page.count("**met**") == 4 + 5
 
 
 @pytest.mark.parametrize("workloads", [1, 2])
