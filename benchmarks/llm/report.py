@@ -225,11 +225,7 @@ def _why_decode(r: View) -> str:
 
 
 def _why_roofline(r: View) -> str:
-    ours, hf, roof = (
-        _step_ms(r, "ours_compiled", 1),
-        _step_ms(r, "hf", 1),
-        1000 / roofline(r),
-    )
+    ours, hf, roof = _step_ms(r, "ours_compiled", 1), _step_ms(r, "hf", 1), 1000 / roofline(r)
     need = roof / ROOFLINE_SHARE
     return (
         f"Streaming the {_mb(r['checkpoint']['weight_bytes_per_token'])} of weights a token reads at the "

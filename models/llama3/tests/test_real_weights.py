@@ -77,7 +77,9 @@ def test_logits_of_a_short_prefill_match_hf(smollm2):
 
     checkpoint, tokenizer, hf = smollm2
     token_ids = greedy_teacher_sequence(hf, tokenizer(QUESTION)["input_ids"], 8)
-    assert cpu_linear.swap_pays(torch.empty(len(token_ids), 576), hf.lm_head.weight.detach())
+    assert cpu_linear.swap_pays(
+        torch.empty(len(token_ids), hf.config.hidden_size), hf.lm_head.weight.detach()
+    )
     ours = score_checkpoint(checkpoint, token_ids)
     report = compare_teacher_forced_logits(ours, hf_logits(hf, token_ids), atol=1e-4)
     assert report.passed, report.format_table()

@@ -96,13 +96,21 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x @ weight
 
 
+def _operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return (x, weight) if bias is None else (x, weight, bias)
+
+
+def _all_fp32(tensors: tuple[torch.Tensor, ...]) -> bool:
+    return all(t.dtype == torch.float32 for t in tensors)
+
+
 def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: one FP32 row, no gradient."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
+    tensors = _operands(x, weight, bias)
     return (
         _ONEDNN
         and _rows(x) == 1
-        and all(t.dtype == torch.float32 for t in tensors)
+        and _all_fp32(tensors)
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     )
 
@@ -110,12 +118,11 @@ def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``F.linear(x, weight, bias)`` runs faster as ``(weight @ x.T).T``: a few FP32 rows, a large
     row-major weight."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
     return (
         2 <= _rows(x) <= SWAP_MAX_ROWS
         and weight.numel() >= SWAP_MIN_WEIGHT
         and weight.is_contiguous()
-        and all(t.dtype == torch.float32 for t in tensors)
+        and _all_fp32(_operands(x, weight, bias))
     )
 
 
