@@ -7,6 +7,7 @@ import torch
 
 import trnmodels.core.ops as ops
 from trnmodels.core import neuron
+from trnmodels.core.cpu import linear as cpu_linear
 from trnmodels.core.errors import BackendUnavailableError, ConfigError
 from trnmodels.core.ops import dispatch, norm
 from trnmodels.core.ops.dispatch import (
@@ -336,3 +337,103 @@ def test_a_trace_reads_the_cpu_kernels_env_var_without_dynamo_warnings(monkeypat
         torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(2))
     assert seen == [expected]
     assert not [w for w in caught if "lru_cache" in str(w.message)]
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile (vLLM's compile of the bridge): CPU kernels choose when the graph runs
+# --------------------------------------------------------------------------------------------------
+
+
+def _compiled_with_graph(fn):
+    """``fn`` under torch.compile as vLLM compiles it (symbolic sizes, guards dropped: traced once, the
+    graph then runs for every size); and the captured graphs."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    return torch.compile(fn, backend=keep, fullgraph=True, dynamic=True, options=options), graphs
+
+
+def _targets(graphs):
+    return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_torch_compile_traces_linear_as_a_custom_op_that_chooses_at_run_time(monkeypatch):
+    # A weight the swapped SGEMM takes from 2 rows on; oneDNN takes one row: three kernels by row count.
+    torch.manual_seed(0)
+    weight, bias = torch.randn(2048, 1024) / 32, torch.randn(2048)
+    real = dispatch._cpu_impls["linear"]
+    rows_seen = []
+
+    def recording(x, w, b=None):
+        rows_seen.append(x.shape[0])
+        return real(x, w, b)
+
+    monkeypatch.setitem(dispatch._cpu_impls, "linear", recording)
+    compiled, graphs = _compiled_with_graph(lambda x: ops.linear(x, weight, bias))
+    with torch.no_grad():
+        for rows in (40, 1, 4):
+            x = torch.randn(rows, 1024)
+            torch.testing.assert_close(
+                compiled(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5
+            )
+    assert len(graphs) == 1
+    assert "trnmodels.linear.default" in _targets(graphs)
+    # The 40-row trace did not decide for the later calls: the 1- and 4-row calls met their own kernels.
+    assert rows_seen[-2:] == [1, 4]
+    assert cpu_linear.onednn_runs(torch.zeros(1, 1024), weight, bias)
+    assert cpu_linear.swap_pays(torch.zeros(4, 1024), weight, bias)
+
+
+def test_torch_compile_runs_the_token_sparse_moe_kernel():
+    torch.manual_seed(0)
+    tokens, experts, hidden, inter = 5, 4, 8, 6
+    gate_up, down = torch.randn(experts, hidden, 2 * inter), torch.randn(experts, inter, hidden)
+    down_bias = torch.randn(experts, hidden)
+
+    def moe(x, combine):
+        return ops.experts_ffn(x, gate_up, down, combine, act="silu", down_bias=down_bias)
+
+    compiled, graphs = _compiled_with_graph(moe)
+    with torch.no_grad():
+        for t in (tokens, 2):
+            x = torch.randn(t, hidden)
+            combine = torch.zeros(t, experts)
+            combine[torch.arange(t), torch.randint(0, experts, (t,))] = 0.75
+            reference = ops.experts_ffn.reference(x, gate_up, down, combine, act="silu", down_bias=down_bias)
+            torch.testing.assert_close(compiled(x, combine), reference, rtol=1e-5, atol=1e-5)
+    assert "trnmodels.moe_experts.default" in _targets(graphs)
+
+
+def test_torch_compile_keeps_the_reference_where_no_cpu_kernel_may_run(monkeypatch):
+    weight = torch.randn(16, 8)
+    monkeypatch.setenv(ENV_VAR, "torch")
+    compiled, graphs = _compiled_with_graph(lambda x: ops.linear(x, weight))
+    with torch.no_grad():
+        compiled(torch.randn(3, 8))
+    assert not [t for t in _targets(graphs) if t.startswith("trnmodels.")]
+    # A call that records a gradient: custom ops carry none, so the trace keeps the differentiable ops.
+    monkeypatch.delenv(ENV_VAR)
+    trainable = torch.nn.Parameter(torch.randn(16, 8))
+    compiled, graphs = _compiled_with_graph(lambda x: ops.linear(x, trainable))
+    compiled(torch.randn(3, 8)).sum().backward()
+    assert trainable.grad is not None
+    assert not [t for t in _targets(graphs) if t.startswith("trnmodels.")]
+
+
+def test_torch_export_keeps_the_static_choice():
+    """Our own graph capture (torch.export, static shapes) takes the kernel the shape selects, inline."""
+    weight = torch.randn(2048, 1024)
+
+    class Linear(torch.nn.Module):
+        def forward(self, x):
+            return ops.linear(x, weight)
+
+    program = torch.export.export(Linear(), (torch.randn(4, 1024),), strict=True)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "aten.mm.default" in targets
+    assert not [t for t in targets if t.startswith("trnmodels.")]

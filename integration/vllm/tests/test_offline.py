@@ -30,6 +30,15 @@ def test_plugin_serves_and_matches_transformers(tiny: TinyCheckpoint, offline):
     assert_matches_hf(tiny, result)
 
 
+def test_plugin_under_vllm_compile_matches_transformers(tiny: TinyCheckpoint, tmp_path):
+    """With vLLM's default flags the bridge is compiled (vLLM's torch.compile, traced once with a symbolic
+    token count) and still equals transformers' greedy output, prompts of several lengths and chats alike."""
+    result = run_offline(tiny.path, tmp_path, enforce_eager=False)
+    assert result["model"]["class"] == BRIDGE
+    assert result["model"]["compiled"], "vLLM ran the bridge without compiling it"
+    assert_matches_hf(tiny, result)
+
+
 def test_disabled_plugin_falls_back_to_vllm(tiny: TinyCheckpoint, tmp_path):
     if tiny.case.fallback_build is not None:  # vLLM's own class for tiny's architecture cannot load here
         tiny = TinyCheckpoint(tiny.plugin, tiny.case.fallback_build(tmp_path / "fallback"), tiny.case)

@@ -199,9 +199,11 @@ def run_offline(
     prompts: list[str] = PROMPTS,
     chats: list[list[dict[str, str]]] = CHATS,
     dtype: str = "float32",
+    enforce_eager: bool = True,
     **env: str,
 ) -> dict:
-    """Generate ``prompts`` and ``chats`` greedily with ``vllm.LLM`` in a fresh interpreter."""
+    """Generate ``prompts`` and ``chats`` greedily with ``vllm.LLM`` in a fresh interpreter (eagerly
+    unless ``enforce_eager=False``: vLLM's compile costs each start-up tens of seconds)."""
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
@@ -211,6 +213,7 @@ def run_offline(
                 "max_tokens": MAX_TOKENS,
                 "max_model_len": MAX_MODEL_LEN,
                 "dtype": dtype,
+                "enforce_eager": enforce_eager,
             }
         )
     )

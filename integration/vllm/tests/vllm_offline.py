@@ -23,6 +23,8 @@ def describe(model) -> dict:
     return {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "inner": f"{type(inner).__module__}.{type(inner).__qualname__}",
+        # Set by vLLM's support_torch_compile once its compiled forward has run.
+        "compiled": bool(getattr(model, "compiled", False)),
     }
 
 
@@ -33,7 +35,7 @@ def main() -> None:
     llm = LLM(
         model=checkpoint,
         dtype=request.get("dtype", "float32"),
-        enforce_eager=True,
+        enforce_eager=request.get("enforce_eager", True),
         max_model_len=request["max_model_len"],
         max_num_seqs=8,
         seed=0,

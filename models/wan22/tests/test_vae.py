@@ -13,7 +13,7 @@ from diffusers import AutoencoderKLWan
 from trnmodels.core.accuracy import assert_close_three_way
 from trnmodels.core.errors import InputError
 from trnmodels.core.parallel.launch import run_on_ranks
-from trnmodels.wan22.vae import Wan22VAE
+from trnmodels.wan22.vae import CopyOnceCausalConv3d, Wan22VAE
 
 HERE = Path(__file__).parent
 TILES = dict(
@@ -70,6 +70,35 @@ def test_interface_matches_diffusers(ours, reference):
     for field in ("z_dim", "latents_mean", "latents_std", "scale_factor_temporal", "scale_factor_spatial"):
         assert getattr(ours.config, field) == getattr(reference.config, field)
     assert ours.latent_size(9, 48, 64) == (3, 6, 8)
+
+
+@pytest.mark.parametrize("cached_frames", [None, 1, 2])
+@pytest.mark.parametrize(("kernel", "padding"), [(3, 1), ((3, 1, 1), (1, 0, 0)), (1, 0)])
+def test_copy_once_causal_conv_matches_diffusers(kernel, padding, cached_frames):
+    """Each causal convolution kind of the Wan VAE (3x3x3, the upsamplers' temporal 3x1x1, 1x1x1), with no
+    cache, a short cache and a full one, against diffusers' ``WanCausalConv3d``; sizes on both sides of
+    torch's switch between its native and its oneDNN convolution."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    torch.manual_seed(0)
+    theirs = WanCausalConv3d(8, 4, kernel, padding=padding).eval()
+    ours = WanCausalConv3d(8, 4, kernel, padding=padding).eval()
+    ours.load_state_dict(theirs.state_dict())
+    ours.__class__ = CopyOnceCausalConv3d
+    for height in (6, 600):  # 1 * 8 * (3 + 2) * (height + 2) below and above torch's 20480
+        x = torch.randn(1, 8, 3, height, 7)
+        cache = None if cached_frames is None else torch.randn(1, 8, cached_frames, height, 7)
+        with torch.no_grad():
+            expected = theirs(x, cache)
+            got = ours(x, cache)
+        # The convolution gets the same tensor as diffusers' (one copy fewer on the way): the same sums.
+        assert torch.equal(got, expected)
+
+
+def test_our_vae_runs_copy_once_convolutions(ours, latents):
+    decode(ours, latents[:, :, :1])
+    kinds = {type(m) for m in ours.decoder.modules() if type(m).__name__.endswith("CausalConv3d")}
+    assert kinds == {CopyOnceCausalConv3d}
 
 
 def test_decode_fp32_matches_diffusers(ours, reference, latents):

@@ -30,7 +30,9 @@ So weights of ``SWAP_MIN_WEIGHT`` elements or more (8 MB in FP32, past this CPU'
 lose at 8 rows) swap from 2 to ``SWAP_MAX_ROWS`` rows (at 64 the LM head breaks even, from 128 it loses).
 
 The call is static (no branch on values; the row count is part of a graph's static shape), so graph
-capture for the CPU takes it too: the compiled batch-1 decode graphs run the same inner product. oneDNN
+capture for the CPU takes it too: the compiled batch-1 decode graphs run the same inner product. Under
+vLLM's compile the row count is symbolic, so there the choice is made when the call runs (the custom op
+``trnmodels::linear``, see ``ops.dispatch``). oneDNN
 has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing either
 keep the reference or the path below.
 
@@ -144,4 +146,8 @@ def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return onednn_runs(x, weight, bias) or swap_pays(x, weight, bias) or upcast_pays(x, weight, bias)
 
 
-register_cpu("linear", linear, supports=_supports, in_graphs=True)
+def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+register_cpu("linear", linear, supports=_supports, in_graphs=True, fake=_fake)

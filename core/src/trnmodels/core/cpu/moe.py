@@ -5,8 +5,9 @@ results, which keeps shapes static for graph capture (Neuron, and the runner's A
 but does ``E / k`` times the work. Here the ``(token, expert)`` pairs with a non-zero combine weight are
 sorted by expert, so each expert's rows are one slice, and each projection is one grouped matmul over
 all experts; the activation, the routing weights and the sum over experts run once over all pairs. The
-rows per expert depend on the routing, so the dispatch runs this kernel on eager calls only (the vLLM
-bridge, the eager runner).
+rows per expert depend on the routing, so graph capture keeps the reference; eager calls (the eager runner, the vLLM
+bridge) run this kernel, and so does vLLM's compile of the bridge, through the custom op
+``trnmodels::moe_experts`` that runs it when the graph runs (see ``ops.dispatch``).
 """
 
 from __future__ import annotations
@@ -78,4 +79,8 @@ def experts_ffn(
     return total.to(x.dtype)
 
 
-register_cpu("moe_experts", experts_ffn)
+def _fake(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+register_cpu("moe_experts", experts_ffn, fake=_fake)

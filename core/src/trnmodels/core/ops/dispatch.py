@@ -9,6 +9,12 @@ the CPU, the call is eager (graph capture keeps the static reference, unless the
 ``in_graphs``: static itself, it is captured into the CPU graphs too), its predicate accepts the call
 and ``TRNMODELS_CPU_KERNELS`` enables it (default ``all``; ``none``, or a comma-separated list of ops,
 to bisect a regression).
+Under ``torch.compile`` (vLLM compiles the bridge) a CPU kernel registered with ``fake`` is traced as one
+opaque custom op, ``trnmodels::<op>``, which makes its choice when it runs, with the call's real sizes
+and values: torch.compile traces once with a symbolic token count and vLLM drops the guards, so a choice
+made from the trace's sizes would hold for every later call, and a kernel that branches on values (the
+token-sparse MoE) cannot be traced at all. ``torch.export`` (our own graph capture, static shapes) keeps
+the rule above.
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
 ``torch`` runs the PyTorch reference of every op; forcing ``nki`` where it cannot run raises instead of
 silently falling back.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
@@ -41,7 +48,9 @@ _cpu_impls: dict[str, Callable[..., Any]] = {}
 _cpu_supports: dict[str, Callable[..., bool]] = {}
 _cpu_in_graphs: set[str] = set()
 _cpu_kernel_names: tuple[str, ...] = ()  # sorted keys of _cpu_impls, kept by register_cpu
+_cpu_runtime_ops: dict[str, Callable[..., Any]] = {}  # trnmodels::<op>, for torch.compile's traces
 _REFERENCES: dict[str, Callable[..., Any]] = {}
+_PUBLIC: dict[str, Callable[..., Any]] = {}  # the dispatching op of each reference
 
 
 def current_backend() -> str:
@@ -81,10 +90,15 @@ def register_cpu(
     supports: Callable[..., bool] | None = None,
     *,
     in_graphs: bool = False,
+    fake: Callable[..., torch.Tensor] | None = None,
 ) -> None:
     """Bind a CPU kernel to an op (``trnmodels.core.cpu`` does, at import). ``supports(*args, **kwargs)``
     is its predicate: calls it rejects run the PyTorch reference. ``in_graphs`` says the kernel is static
-    (no branch on values outside ``torch.cond``), so graph capture for the CPU takes it as well."""
+    (no branch on values outside ``torch.cond``), so graph capture for the CPU takes it as well.
+
+    ``fake(*args, **kwargs)`` returns an empty tensor of the call's result (shape and dtype from the
+    arguments' alone): with it, ``torch.compile`` traces the op as the custom op ``trnmodels::<op>``,
+    which dispatches when it runs (see the module's docstring)."""
     global _cpu_kernel_names
     _bind("register_cpu", _cpu_impls, _cpu_supports, op, impl, supports)
     _cpu_kernel_names = tuple(sorted(_cpu_impls))
@@ -92,6 +106,62 @@ def register_cpu(
         _cpu_in_graphs.add(op)
     else:
         _cpu_in_graphs.discard(op)
+    if fake is not None and op not in _cpu_runtime_ops:
+        _cpu_runtime_ops[op] = _runtime_op(op, fake)
+
+
+def _runtime_op(op: str, fake: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    """The custom op ``trnmodels::<op>``: the public op's eager dispatch, behind the reference's schema
+    with every argument positional (custom ops take no keyword-only tensors)."""
+    signature = inspect.signature(_REFERENCES[op])
+    parameters = list(signature.parameters.values())
+
+    def split(args: tuple[Any, ...]) -> tuple[list[Any], dict[str, Any]]:
+        # The dispatcher may leave out trailing arguments that equal their defaults.
+        values = [*args, *(p.default for p in parameters[len(args) :])]
+        positional = [v for p, v in zip(parameters, values, strict=True) if p.kind is not p.KEYWORD_ONLY]
+        keywords = {p.name: v for p, v in zip(parameters, values, strict=True) if p.kind is p.KEYWORD_ONLY}
+        return positional, keywords
+
+    def dispatch_when_run(*args: Any) -> Any:
+        # Outside any trace: the public op chooses with this call's real sizes and values.
+        positional_args, kwargs = split(args)
+        return _PUBLIC[op](*positional_args, **kwargs)
+
+    def fake_of_all(*args: Any) -> torch.Tensor:
+        positional_args, kwargs = split(args)
+        return fake(*positional_args, **kwargs)
+
+    schema = torch.library.infer_schema(_REFERENCES[op], mutates_args=()).replace("*, ", "")
+    custom = torch.library.custom_op(f"trnmodels::{op}", dispatch_when_run, mutates_args=(), schema=schema)
+    custom.register_fake(fake_of_all)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return custom(*bound.arguments.values())
+
+    return call
+
+
+def _traced_at_run_time(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether this call of ``op`` is traced as ``trnmodels::<op>``: inside ``torch.compile`` (not
+    ``torch.export``), a CPU call with an enabled kernel and no gradient to record (custom ops carry
+    none)."""
+    first = _first_tensor(args)
+    return (
+        op in _cpu_runtime_ops
+        and torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
+        and first is not None
+        and first.is_cpu
+        and current_backend() != "torch"
+        and op in _enabled()
+        and not (
+            torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+        )
+    )
 
 
 def _bind(
@@ -163,16 +233,16 @@ def _nki_impl(op: str) -> Callable[..., Any] | None:
     return _nki_impls.get(op) if neuron.sdk_available() else None
 
 
+def _first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
+    return next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+
+
 def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
     """Which backend runs this call of ``op``: ``"torch"``, ``"nki"`` or ``"cpu"``."""
     mode = current_backend()
     if mode == "torch":
         return "torch"
-    first = None
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            first = arg
-            break
+    first = _first_tensor(args)
     on_device = neuron.is_neuron_tensor(first)
     adapter_supports = _nki_supports.get(op)
     if mode == "nki":
@@ -226,6 +296,9 @@ def kernel_op(
 
         @functools.wraps(reference)
         def op(*args: P.args, **kwargs: P.kwargs) -> R:
+            # is_compiling first: eager calls (every decode step's linear layers) pay one cheap check.
+            if torch.compiler.is_compiling() and _traced_at_run_time(name, args, kwargs):
+                return _cpu_runtime_ops[name](*args, **kwargs)
             backend = select_backend(name, *args, supports=supports, **kwargs)
             if backend == "nki":
                 return _nki_impls[name](*args, **kwargs)
@@ -234,6 +307,7 @@ def kernel_op(
             return reference(*args, **kwargs)
 
         op.reference = reference  # type: ignore[attr-defined]
+        _PUBLIC[name] = op
         return op
 
     return wrap

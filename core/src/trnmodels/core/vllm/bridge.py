@@ -5,6 +5,13 @@ plugin's own model through the plugin factory, from the checkpoint's ``config.js
 loader, swaps its attention modules for vLLM-backed ones (vLLM owns the KV cache and scheduling), and
 loads the weights with the plugin's own key-mapped loaders. vLLM calls it with flat ``input_ids`` and
 ``positions`` of the step's scheduled tokens, exactly the padded-flat layout our models take.
+
+The class opts into vLLM's compile (``support_torch_compile``), as vLLM's own model classes do: unless
+the engine runs eagerly (``enforce_eager``), vLLM traces the forward once with a symbolic token count and
+compiles it with Inductor, which fuses the norms, rotary and activations between the matmuls. The
+attention calls stay vLLM's custom ops; core's CPU kernels whose choice depends on the call's sizes or
+values (the linear layers, the token-sparse MoE) are traced as custom ops that choose when they run
+(``ops.dispatch``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.sequence import IntermediateTensors
@@ -47,6 +55,8 @@ def init_tensor_parallel() -> int:
     return tp
 
 
+# The forward's annotations are strings here (postponed), which vLLM cannot read: the dims are explicit.
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0})
 class TrnmodelsForCausalLM(nn.Module):
     """A trnmodels ``CausalLM`` behind vLLM's model interface. ``self.model`` is the plugin's model."""
 

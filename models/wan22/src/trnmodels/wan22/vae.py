@@ -11,7 +11,9 @@ tensors, so a pass is two graphs of fixed shape each, replayed over the frames:
 The cache the ``first`` graph returns is put in its steady-state shape: a causal convolution zero-pads
 the frames it has no cache for, so a short cache is the same as one with zero frames in front, and the
 upsampler's ``"Rep"`` marker is the same as an all-zero cache. Same numbers, one ``step`` shape for every
-later chunk. The convolution blocks themselves are diffusers' (imported, not rewritten).
+later chunk. An uncompiled pass needs no fixed shapes: it carries diffusers' own cache list from chunk to
+chunk (:class:`DiffusersCache`), as diffusers does. The convolution blocks themselves are diffusers' (imported, not rewritten), except that each
+causal convolution copies its input once where diffusers copies it twice (:class:`CopyOnceCausalConv3d`).
 
 On top of that the VAE adds spatial tiling (:class:`~trnmodels.core.diffusion.vae_tiling.SpatialTilingMixin`),
 patch parallelism (:class:`~trnmodels.core.diffusion.vae_patch_parallel.VaePatchParallelMixin`) and
@@ -23,6 +25,7 @@ into a diffusers pipeline as ``vae``. It is not TP-sharded: only the VAE rank(s)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,54 @@ ENCODER = "wan22_vae_encoder"
 ENCODER_CHUNK = 4
 
 Shape = tuple[int, ...]
+
+
+class CopyOnceCausalConv3d(WanCausalConv3d):
+    """diffusers' ``WanCausalConv3d`` with one copy of its input where diffusers makes two.
+
+    diffusers concatenates the cached frames in front of the input, then ``F.pad``s that into a second
+    copy (the spatial border, and zero frames where the cache is short). Here the cached frames and the
+    input are copied once, straight into the padded buffer, whose border alone is zeroed. The
+    convolution then gets the very tensor diffusers' gets (same shape, same values), so torch picks the
+    same kernel for it and the sums are diffusers' own, bit for bit. (Padding inside the convolution
+    instead would save the border too, but torch runs batch-1 inputs of few frames through its native
+    convolution, which is slower with padding than on a padded copy: 75 → 97 ms on 32 × 3 × 128 × 128
+    here.) Same weights, same state dict.
+    """
+
+    def forward(self, x: torch.Tensor, cache_x: torch.Tensor | None = None) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # A captured graph keeps diffusers' ops: Inductor fuses the concatenation and the padding
+            # into one copy itself, and the slice writes below would only lengthen its compile.
+            return super().forward(x, cache_x)
+        pad_w, _, pad_h, _, front, _ = self._padding
+        parts = [x]
+        if cache_x is not None and front > 0:
+            parts.insert(0, cache_x.to(x.device))
+            front -= cache_x.shape[2]
+        height, width = x.shape[3:]
+        frames = front + sum(part.shape[2] for part in parts)
+        padded = x.new_empty((*x.shape[:2], frames, height + 2 * pad_h, width + 2 * pad_w))
+        padded[:, :, :front].zero_()
+        if pad_h:
+            padded[:, :, front:, :pad_h].zero_()
+            padded[:, :, front:, pad_h + height :].zero_()
+        if pad_w:
+            padded[:, :, front:, pad_h : pad_h + height, :pad_w].zero_()
+            padded[:, :, front:, pad_h : pad_h + height, pad_w + width :].zero_()
+        start = front
+        for part in parts:
+            padded[:, :, start : start + part.shape[2], pad_h : pad_h + height, pad_w : pad_w + width] = part
+            start += part.shape[2]
+        return torch.nn.Conv3d.forward(self, padded)
+
+
+def _copy_once_convs(net: torch.nn.Module) -> None:
+    """Make each of ``net``'s causal convolutions a :class:`CopyOnceCausalConv3d` (the same module, its
+    class swapped: parameters, names and hooks stay)."""
+    for module in net.modules():
+        if type(module) is WanCausalConv3d:
+            module.__class__ = CopyOnceCausalConv3d
 
 
 class CausalChunk(torch.nn.Module):
@@ -114,6 +165,18 @@ def _steady(entry: Any, shape: Shape, like: torch.Tensor) -> torch.Tensor:
     return torch.cat([entry.new_zeros((*entry.shape[:2], missing, *entry.shape[3:])), entry], dim=2)
 
 
+@dataclass
+class DiffusersCache:
+    """diffusers' own feature cache, as an eager pass carries it from chunk to chunk: one entry per causal
+    convolution (``None``, ``"Rep"`` or its last frames), replaced conv by conv by the network."""
+
+    entries: list[Any]
+
+
+# Between chunks: the steady-state cache tensors of a compiled graph, or diffusers' list (eager).
+Cache = list[torch.Tensor] | DiffusersCache
+
+
 class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
     """diffusers' ``AutoencoderKLWan`` with chunked fixed-shape graphs, tiling, patch parallelism, compile."""
 
@@ -132,13 +195,15 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
     # ---- the chunk graphs -------------------------------------------------------------------------
 
     def _parts(self, kind: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        net = self.decoder if kind == DECODER else self.encoder
+        _copy_once_convs(net)
         if kind == DECODER:
-            return self.post_quant_conv, self.decoder, torch.nn.Identity()
-        return torch.nn.Identity(), self.encoder, self.quant_conv
+            return self.post_quant_conv, net, torch.nn.Identity()
+        return torch.nn.Identity(), net, self.quant_conv
 
     def _num_convs(self, kind: str) -> int:
         net = self.decoder if kind == DECODER else self.encoder
-        return sum(isinstance(m, WanCausalConv3d) for m in net.modules())
+        return sum(isinstance(m, WanCausalConv3d) for m in net.modules())  # CopyOnceCausalConv3d too
 
     def _steady_shape(self, kind: str, first_shape: Shape) -> Shape:
         if kind == DECODER:
@@ -178,18 +243,50 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
         return self._state("chunks")[key]
 
     def _run(
-        self, kind: str, first: bool, x: torch.Tensor, cache: list[torch.Tensor], first_shape: Shape
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One chunk; ``cache`` is consumed (emptied) so its entries are freed as the chunk replaces them."""
-        key = (kind, first, first_shape, x.dtype)
-        fn = self._state("compiled").get(key)
+        self, kind: str, first: bool, x: torch.Tensor, cache: Cache, first_shape: Shape
+    ) -> tuple[torch.Tensor, Cache]:
+        """One chunk; ``cache`` is consumed (emptied) so its entries are freed as the chunk replaces them.
+
+        A compiled graph takes and returns the steady-state cache tensors. An eager chunk runs the
+        network as diffusers does, on diffusers' own cache list: no fixed shapes to find first, so an
+        eager pass never traces the network on fake tensors (which costs its first call memory)."""
+        fn = self._state("compiled").get((kind, first, first_shape, x.dtype))
         if fn is None:
-            out = self.chunk_module(kind, first, first_shape, x.dtype).run(x, cache)
-        else:  # a compiled graph assumes the dense layout it was traced with; slices and caches may not be
-            args = [t.contiguous() for t in (x, *cache)]
-            cache.clear()
-            out = fn(*args)
+            return self._run_eager(kind, first, x, cache, first_shape)
+        steady = [] if first else self._steady_cache(kind, cache, x, first_shape)
+        # A compiled graph assumes the dense layout it was traced with; slices and caches may not be.
+        args = [t.contiguous() for t in (x, *steady)]
+        steady.clear()
+        out = fn(*args)
         return out[0], list(out[1:])
+
+    def _run_eager(
+        self, kind: str, first: bool, x: torch.Tensor, cache: Cache, first_shape: Shape
+    ) -> tuple[torch.Tensor, Cache]:
+        pre, net, post = self._parts(kind)
+        if first:
+            entries: list[Any] = [None] * self._num_convs(kind)
+        elif isinstance(cache, DiffusersCache):
+            entries = cache.entries
+        else:  # the steady tensors of a compiled chunk
+            slots, _ = self.cache_spec(kind, first_shape, x.dtype)
+            entries = [None] * self._num_convs(kind)
+            for slot, tensor in zip(slots, cache, strict=True):
+                entries[slot] = tensor
+            cache.clear()
+        extra = {"first_chunk": first} if kind == DECODER else {}
+        out = post(net(pre(x), feat_cache=entries, feat_idx=[0], **extra))
+        return out, DiffusersCache(entries)
+
+    def _steady_cache(
+        self, kind: str, cache: Cache, x: torch.Tensor, first_shape: Shape
+    ) -> list[torch.Tensor]:
+        if not isinstance(cache, DiffusersCache):
+            return cache
+        slots, shapes = self.cache_spec(kind, first_shape, x.dtype)
+        steady = [_steady(cache.entries[s], shape, x) for s, shape in zip(slots, shapes, strict=True)]
+        cache.entries.clear()
+        return steady
 
     def _decode_frames(self, z: torch.Tensor) -> torch.Tensor:
         """Decode ``[B, z_dim, T, h, w]`` latents one frame at a time (no tiling, no clamp)."""
