@@ -3,8 +3,9 @@
 On one small config (CPU mode, FP32), seven cases: a DiT step of ours eager, ours compiled (AOTInductor)
 and diffusers' ``WanTransformer3DModel``; a VAE decode of ours and diffusers', untiled and tiled. For each:
 
-- time: median over repeats after a warm-up, in this process, the DiT cases and then the VAE cases timed
-  round by round (``measure_interleaved``);
+- time: median over repeats after a warm-up, the DiT cases and then the VAE cases each timed round by
+  round (``measure_interleaved``) in a fresh process of their own, glibc's allocator fixed by
+  ``TIMING_ENV``;
 - peak memory: median over repeats of the case alone in a fresh process (``run_in_fresh_process`` and
   ``case_memory`` of ``benchmarks.llm.measure``, glibc's mmap threshold fixed by ``EXACT_RSS_ENV``):
   the RSS its model holds, the peak its first pass adds, the peak above the process's post-import
@@ -246,6 +247,19 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+# glibc's default mmap and trim thresholds move with what a process has freed before, so a case's time
+# depended on which cases ran earlier in the process (measured: the untiled VAE decode took 1.18x
+# diffusers' after the DiT cases in one process, 0.96-1.00x in a process of its own). The timing processes
+# fix them instead, the same for every case: large buffers come from the heap (the mmap threshold at
+# glibc's 32 MiB cap) and freed memory stays there for reuse (no trimming), as in a long-running server.
+TIMING_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def timing_group(names: list[str], work_dir: str, repeats: int) -> dict[str, float]:
+    """``measure_interleaved`` of the cases ``names``, in a fresh process started by ``run``."""
+    return measure_interleaved({name: build_case(name, Path(work_dir)) for name in names}, repeats)
+
+
 def run(out_dir: Path, quick: bool) -> dict[str, Any]:
     from .llm.measure import EXACT_RSS_ENV, cpu_seconds, median_fields, run_in_fresh_process
 
@@ -270,11 +284,15 @@ def run(out_dir: Path, quick: bool) -> dict[str, Any]:
         del dit
         for group in TIMED_TOGETHER:
             dit_group = group[0].startswith("dit_")
-            seconds = measure_interleaved(
-                {name: build_case(name, work_dir) for name in group}, dit_repeats if dit_group else repeats
+            seconds = run_in_fresh_process(
+                "benchmarks.wan22:timing_group",
+                list(group),
+                tmp,
+                dit_repeats if dit_group else repeats,
+                env=TIMING_ENV,
             )
-            # Right after the timing: the cache key holds a digest of the sources, so the child finds the
-            # graph compiled above unless a source file changes in between.
+            # Right after the compile: the cache key holds a digest of the sources, so the children find
+            # the graph compiled above unless a source file changes in between.
             for name in group:
                 memory = median_fields(
                     [
@@ -387,12 +405,10 @@ def _why_vae_time(report: dict[str, Any]) -> str:
         "convolution blocks over diffusers' cache list, frame by frame, and their convolutions get the "
         "same tensors, bit for bit (ours copies each causal convolution's input once, diffusers twice); "
         f"tiled, the same blocks took {r['vae_decode_tiled']['seconds']:.3f} s for ours and "
-        f"{r['vae_decode_diffusers_tiled']['seconds']:.3f} s for diffusers. A profile of the two untiled "
-        "decodes puts the difference in the kernels' own time on identical inputs (torch's native 3D "
-        "convolution, which allocates its unfold buffer on every call, and the norms), not in the loop "
-        "around them: it depends on the allocator's state (whether each call's large buffers are reused "
-        "or mapped and faulted in afresh), which the two decodes' different allocation sequences move "
-        "differently and this timed process does not control."
+        f"{r['vae_decode_diffusers_tiled']['seconds']:.3f} s for diffusers. Nearly all of a decode is in "
+        "those kernels (torch's native 3D convolution, which allocates its unfold buffer on every call, "
+        "and the norms), whose time on identical inputs still moves with the allocator's state from "
+        "round to round: a difference this size is within that."
     )
 
 
@@ -480,9 +496,14 @@ def write(out_dir: Path, report: dict[str, Any]) -> None:
         f"torch {host['torch']}; {runs} per case (timing after a warm-up)"
         + (" (`--quick`)." if report.get("quick") else "."),
         "",
-        "Time is measured in the benchmark's process: the three DiT cases, then the four VAE cases, round by",
-        "round (each once per round, in a rotating order), so a slow spell of the shared machine falls on",
-        "every case compared rather than on whichever ran at the time. Memory is measured",
+        "Time is measured in two fresh processes, one for the three DiT cases and one for the four VAE",
+        "cases, each timing its cases round by round (each once per round, in a rotating order), so a slow",
+        "spell of the shared machine falls on every case compared rather than on whichever ran at the time.",
+        "Both fix glibc's allocator the same for every case (`MALLOC_MMAP_THRESHOLD_` at its 32 MiB cap,",
+        "`MALLOC_TRIM_THRESHOLD_` at 1 GiB: large buffers from the heap, freed memory kept for reuse, as in",
+        "a long-running server): with the default, moving thresholds a case's time depended on the cases run",
+        "before it in the process (the untiled VAE decode 1.18× diffusers' after the DiT cases, 0.96–1.00×",
+        "alone). Memory is measured",
         "with each case alone in a fresh process (its imports done first), from the RSS high-water mark",
         "(`VmHWM`, reset before each phase), with glibc's mmap threshold fixed at 64 KiB",
         "(`MALLOC_MMAP_THRESHOLD_`) so freed tensors go back to the OS and a peak is that of live memory,",

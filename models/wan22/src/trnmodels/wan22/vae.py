@@ -139,10 +139,10 @@ class CausalChunk(torch.nn.Module):
         """``forward`` that empties ``cache``: each entry is then held only by the network's cache list,
         which replaces it conv by conv (as diffusers does), so the old and the new cache are never both
         whole in memory."""
-        feat_cache: list[Any] = [None] * self.num_convs
-        if not self.first:
-            for slot, tensor in zip(self.slots, cache, strict=True):
-                feat_cache[slot] = tensor
+        if self.first:
+            feat_cache: list[Any] = [None] * self.num_convs
+        else:
+            feat_cache = _entries_from_steady(self.num_convs, self.slots, cache)
         cache.clear()
         extra = {"first_chunk": self.first} if self.decoder else {}
         out = self.post(self.net(self.pre(x), feat_cache=feat_cache, feat_idx=[0], **extra))
@@ -153,6 +153,14 @@ class CausalChunk(torch.nn.Module):
                 for s, shape in zip(self.slots, self.cache_shapes, strict=True)
             ),
         )
+
+
+def _entries_from_steady(num_convs: int, slots: Sequence[int], tensors: Sequence[torch.Tensor]) -> list[Any]:
+    """diffusers' per-convolution cache list holding steady-state ``tensors`` in their ``slots``."""
+    entries: list[Any] = [None] * num_convs
+    for slot, tensor in zip(slots, tensors, strict=True):
+        entries[slot] = tensor
+    return entries
 
 
 def _steady(entry: Any, shape: Shape, like: torch.Tensor) -> torch.Tensor:
@@ -196,14 +204,19 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
 
     def _parts(self, kind: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         net = self.decoder if kind == DECODER else self.encoder
-        _copy_once_convs(net)
+        if kind not in self._state("copy_once"):  # a walk over every module: once per network
+            _copy_once_convs(net)
+            self._state("copy_once")[kind] = True
         if kind == DECODER:
             return self.post_quant_conv, net, torch.nn.Identity()
         return torch.nn.Identity(), net, self.quant_conv
 
     def _num_convs(self, kind: str) -> int:
-        net = self.decoder if kind == DECODER else self.encoder
-        return sum(isinstance(m, WanCausalConv3d) for m in net.modules())  # CopyOnceCausalConv3d too
+        if kind not in self._state("num_convs"):
+            net = self.decoder if kind == DECODER else self.encoder
+            # CopyOnceCausalConv3d counts too
+            self._state("num_convs")[kind] = sum(isinstance(m, WanCausalConv3d) for m in net.modules())
+        return self._state("num_convs")[kind]
 
     def _steady_shape(self, kind: str, first_shape: Shape) -> Shape:
         if kind == DECODER:
@@ -270,9 +283,7 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
             entries = cache.entries
         else:  # the steady tensors of a compiled chunk
             slots, _ = self.cache_spec(kind, first_shape, x.dtype)
-            entries = [None] * self._num_convs(kind)
-            for slot, tensor in zip(slots, cache, strict=True):
-                entries[slot] = tensor
+            entries = _entries_from_steady(self._num_convs(kind), slots, cache)
             cache.clear()
         extra = {"first_chunk": first} if kind == DECODER else {}
         out = post(net(pre(x), feat_cache=entries, feat_idx=[0], **extra))
