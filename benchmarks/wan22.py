@@ -407,8 +407,7 @@ def _why_vae_time(report: dict[str, Any]) -> str:
         f"tiled, the same blocks took {r['vae_decode_tiled']['seconds']:.3f} s for ours and "
         f"{r['vae_decode_diffusers_tiled']['seconds']:.3f} s for diffusers. Nearly all of a decode is in "
         "those kernels (torch's native 3D convolution, which allocates its unfold buffer on every call, "
-        "and the norms), whose time on identical inputs still moves with the allocator's state from "
-        "round to round: a difference this size is within that."
+        "and the norms); this run does not attribute the difference further."
     )
 
 
