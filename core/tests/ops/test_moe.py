@@ -142,15 +142,19 @@ def test_cpu_kernel_skips_tokens_routed_elsewhere_and_idle_experts():
 
 
 @pytest.mark.parametrize(
-    "hidden, inter, tokens, grouped",
+    "hidden, inter, tokens, bf16_hardware, grouped",
     [
-        (32, 24, 6, True),  # decode: a few rows per expert, strides torch._grouped_mm takes
-        (30, 10, 6, False),  # rows of 20 bytes: torch._grouped_mm refuses them, one matmul per expert
-        (32, 24, 96, False),  # a prefill: groups of 32 rows or more are computed in FP32, per expert
+        (32, 24, 6, False, True),  # decode: a few rows per expert, strides torch._grouped_mm takes
+        (30, 10, 6, False, False),  # rows of 20 bytes: torch._grouped_mm refuses them, one matmul per expert
+        (32, 24, 96, False, False),  # a prefill: groups of 32 rows or more are computed in FP32, per expert
+        (32, 24, 96, True, True),  # the same prefill on a CPU that multiplies BF16 natively: grouped
     ],
 )
-def test_cpu_kernel_paths_match_a_float64_truth(monkeypatch, hidden, inter, tokens, grouped):
+def test_cpu_kernel_paths_match_a_float64_truth(monkeypatch, hidden, inter, tokens, bf16_hardware, grouped):
     """BF16, each way the kernel multiplies: within BF16 rounding of the same block in float64."""
+    from trnmodels.core.cpu import linear as cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "bf16_in_hardware", lambda: bf16_hardware)  # the path, on any CPU
     calls = []
     grouped_mm = torch._grouped_mm
     monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or grouped_mm(*a, **k))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trnmodels.core.accuracy import assert_close_three_way
-from trnmodels.core.errors import ConfigError, InputError, ShardingError
+from trnmodels.core.errors import ConfigError, InputError, NonFiniteOutputError, ShardingError
 from trnmodels.wan22.pipeline_i2v import Wan22ImageToVideoPipeline
 from trnmodels.wan22.pipeline_t2v import Wan22Pipeline
 
@@ -176,3 +176,54 @@ def test_a_non_finite_number_in_a_component_config_is_refused_naming_file_and_fi
 def test_mesh_mismatch_is_refused(tiny_t2v):
     with pytest.raises(ShardingError, match="asks for cfg_degree=2, but the running mesh is tp_degree=1"):
         Wan22Pipeline.from_pretrained(tiny_t2v.path, cfg_parallel=2)
+
+
+# --- NaN and inf: refused where they appear, never returned ----------------------------------------
+
+
+def poison(model: torch.nn.Module, name: str) -> None:
+    with torch.no_grad():
+        model.get_parameter(name).view(-1)[0] = float("nan")
+
+
+def test_a_nan_weight_in_the_dit_stops_at_the_first_step_naming_expert_and_weight(t2v):
+    pipe = copy.deepcopy(t2v)
+    poison(pipe.transformer, "scale_shift_table")
+    with pytest.raises(
+        NonFiniteOutputError,
+        match=r"denoise step 1 of 2 \(timestep 999\): transformer's prediction: NaN or inf in 512 of 512 "
+        r"values.*\(checkpoint key scale_shift_table holds NaN or inf\)",
+    ):
+        pipe(**call_args(2))
+
+
+def test_a_nan_weight_in_the_low_noise_expert_names_it_at_its_first_step(t2v):
+    pipe = copy.deepcopy(t2v)
+    name = next(name for name, _ in pipe.transformer_2.named_parameters())
+    poison(pipe.transformer_2, name)
+    # boundary_ratio 0.875 of 1000 train steps: with 2 steps, the second runs the low-noise expert.
+    with pytest.raises(NonFiniteOutputError, match=r"denoise step 2 of 2 .*transformer_2's prediction"):
+        pipe(**call_args(2))
+
+
+def test_non_finite_latents_and_prompt_embeds_are_bad_input(t2v):
+    shape = t2v.check_video_shape(VIDEO["num_frames"], VIDEO["height"], VIDEO["width"])
+    given = torch.randn(1, *shape)
+    given[0, 0, 0, 0, 0] = float("inf")
+    with pytest.raises(InputError, match=r"Wan2.2 denoise: latents: NaN or inf in 1 of \d+ values"):
+        t2v(**call_args(1), latents=given)
+    embeds = torch.full((1, 8, 16), float("nan"))  # refused before its size is looked at
+    args = call_args(1) | {"prompt": None, "negative_prompt": None, "prompt_embeds": embeds}
+    with pytest.raises(InputError, match=r"Wan2.2 pipeline: prompt_embeds: NaN or inf"):
+        t2v(**args)
+
+
+def test_a_nan_weight_in_the_text_encoder_is_named(t2v):
+    pipe = copy.deepcopy(t2v)
+    poison(pipe.text_encoder, "final_norm")  # one channel of every token
+    with pytest.raises(
+        NonFiniteOutputError,
+        match=r"Wan2.2 text encoder: prompt_embeds: NaN or inf in 16 of 512 values.*"
+        r"checkpoint key encoder\.final_layer_norm\.weight holds NaN",
+    ):
+        pipe(**call_args(1))

@@ -3,6 +3,7 @@ tiled against diffusers' tiled pass and against the untiled one, and patch paral
 
 from __future__ import annotations
 
+import copy
 import importlib
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from trnmodels.core.accuracy import assert_close_three_way
-from trnmodels.core.errors import InputError
+from trnmodels.core.errors import InputError, NonFiniteOutputError
 from trnmodels.core.parallel.launch import run_on_ranks
 from trnmodels.wan22.vae import CopyOnceCausalConv3d, Wan22VAE
 
@@ -208,3 +209,21 @@ def test_compiled_decode_matches_eager_and_hits_cache(vae_dir, ours, latents, tm
         .compile(num_frames=9, height=48, width=64, cache_dir=tmp_path)
     )
     assert [r.cache for r in again] == ["hit", "hit"]
+
+
+def test_non_finite_latents_are_refused_and_a_nan_weight_is_named(ours, latents, video):
+    bad = latents.clone()
+    bad[0, 3, 1, 2, 2] = float("nan")
+    with pytest.raises(InputError, match=r"VAE decode: latents: NaN or inf in 1 of \d+ values"):
+        decode(ours, bad)
+    broken = copy.deepcopy(ours)
+    name = "decoder.conv_out.weight"
+    with torch.no_grad():
+        broken.get_parameter(name).view(-1)[0] = float("inf")
+    with pytest.raises(NonFiniteOutputError, match=rf"VAE decode: frames: NaN or inf .*parameter {name}"):
+        decode(broken, latents)
+    name = "encoder.conv_out.weight"
+    with torch.no_grad():
+        broken.get_parameter(name).view(-1)[0] = float("nan")
+    with pytest.raises(NonFiniteOutputError, match=rf"VAE encode: latent moments: NaN or inf .*{name}"):
+        encode(broken, video)

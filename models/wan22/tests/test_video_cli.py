@@ -219,3 +219,34 @@ def test_check_request_accepts_the_meshes_the_pipeline_runs(tiny_t2v, tiny_i2v):
         for mesh in (dict(tp=2), dict(cfg_parallel=2), dict(cp=2), dict(tp=2, cfg_parallel=2, cp=2)):
             check_request(architecture, checkpoint.path, **mesh, **video)
     assert conditions_on_image("Wan22I2VPipeline") and not conditions_on_image("Wan22Pipeline")
+
+
+def test_a_nan_weight_fails_naming_the_step_and_keeps_what_was_on_disk(tiny_t2v, tmp_path, capsys):
+    """Only the required flags: the run stops at the first DiT step, and neither output is written."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    broken = tmp_path / "nan-weight"
+    shutil.copytree(tiny_t2v.path, broken)
+    weights = broken / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["scale_shift_table"].view(-1)[0] = float("nan")
+    save_file(state, weights)
+    out = tmp_path / "out.mp4"
+    out.write_bytes(b"old video")
+    args = ["video", str(broken), "--prompt", PROMPTS["prompt"], "--seed", "0", "--out", str(out)]
+    args += ["--num-frames", "5", "--height", "32", "--width", "32", "--steps", "2"]
+    code, err = run(args, capsys)
+    check_one_line_error(
+        code,
+        err,
+        BadInput(
+            "video",
+            "(a NaN in the high-noise expert's scale_shift_table)",
+            "denoise step 1 of 2 (timestep 999): transformer's prediction: NaN or inf",
+        ),
+    )
+    assert "checkpoint key scale_shift_table holds NaN or inf" in err
+    assert out.read_bytes() == b"old video"
+    assert not list(tmp_path.glob("*partial*"))

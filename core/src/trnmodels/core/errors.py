@@ -27,3 +27,8 @@ class InputError(TrnModelsError):
 
 class BackendUnavailableError(TrnModelsError):
     """A kernel backend was forced but cannot run on this host or tensor."""
+
+
+class NonFiniteOutputError(TrnModelsError):
+    """A model produced NaN or inf (bad weights, or values past the dtype's range): never returned as a
+    result."""

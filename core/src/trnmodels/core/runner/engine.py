@@ -19,11 +19,12 @@ import torch
 
 from ..causal_lm import CausalLM
 from ..errors import ConfigError, InputError
+from ..finite import non_finite_weight
 from ..kv_cache import BlockAllocator, null_slots, slot_mapping
 from ..ops.sampling import gumbel_noise
 from .config import RunnerConfig, SamplingParams, pick_bucket
 from .graphs import DECODE, PREFILL, DecodeStep, GraphSpec, PrefillStep, flat_caches
-from .score import NonFiniteLogitsError, check_token_ids, non_finite_weight
+from .score import NonFiniteLogitsError, check_token_ids
 
 GraphFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 GREEDY = SamplingParams()

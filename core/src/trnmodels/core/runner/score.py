@@ -17,30 +17,16 @@ import torch
 
 from ..attention import AttentionMetadata
 from ..causal_lm import CausalLM
-from ..errors import InputError, TrnModelsError
+from ..errors import InputError, NonFiniteOutputError
+from ..finite import non_finite_weight
 from ..kv_cache import allocate_kv_cache, read_sequence_kv, slot_mapping
 from ..ops.route_trace import RouteTrace, tracing_routes
 from ..parallel.launch import run_on_ranks
 from ..parallel.state import ParallelLayout, get_parallel_layout
 
 
-class NonFiniteLogitsError(TrnModelsError):
+class NonFiniteLogitsError(NonFiniteOutputError):
     """The model produced NaN or inf logits (bad weights, or values past the dtype's range)."""
-
-
-def non_finite_weight(model: torch.nn.Module) -> str:
-    """`` (checkpoint key K holds NaN or inf)`` for the first parameter of this rank that does, else ``""``.
-
-    Run only once logits came out non-finite: weights are not scanned at load (``docs/validation.md``).
-    ``sum()`` is a one-pass screen (any NaN/inf makes it non-finite); ``isfinite`` confirms, since a sum
-    of finite values can also overflow.
-    """
-    keys = model.checkpoint_keys() if hasattr(model, "checkpoint_keys") else {}
-    for name, p in model.named_parameters():
-        if p.is_floating_point() and not p.sum().isfinite() and not torch.isfinite(p).all():
-            key = keys.get(name, name)
-            return f" ({'checkpoint key' if name in keys else 'parameter'} {key} holds NaN or inf)"
-    return ""
 
 
 def check_finite_logits(logits: torch.Tensor, model: torch.nn.Module | None = None) -> None:

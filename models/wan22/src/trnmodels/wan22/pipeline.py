@@ -30,6 +30,7 @@ from trnmodels.core.diffusion import CFGParallelMixin
 from trnmodels.core.diffusion.memory import ComponentMemory
 from trnmodels.core.diffusion.vae_patch_parallel import init_vae_patch_group, is_vae_rank
 from trnmodels.core.errors import ConfigError, InputError, ShardingError
+from trnmodels.core.finite import check_finite_input, check_finite_output
 from trnmodels.core.hf_config import read_json_object
 from trnmodels.core.parallel import ParallelLayout, check_divisible, get_parallel_layout, get_world_group
 
@@ -481,12 +482,13 @@ class Wan22PipelineBase(CFGParallelMixin):
         if self.config.boundary_ratio is not None:
             boundary = self.config.boundary_ratio * self.scheduler.config.num_train_timesteps
         uncond = negative_prompt_embeds if self.do_classifier_free_guidance else None
-        for t in self.progress_bar(timesteps):
+        check_finite_input(latents, "Wan2.2 denoise: latents")
+        for step, t in enumerate(self.progress_bar(timesteps)):
             self._current_timestep = t
             if boundary is None or t >= boundary:
-                model, scale = self.transformer, guidance_scale
+                name, model, scale = "transformer", self.transformer, guidance_scale
             else:
-                model, scale = self.transformer_2, guidance_scale_2
+                name, model, scale = "transformer_2", self.transformer_2, guidance_scale_2
             x = latents if condition is None else torch.cat([latents, condition], dim=1)
             x = x.to(model.dtype)
             timestep = t.expand(latents.shape[0])
@@ -495,6 +497,12 @@ class Wan22PipelineBase(CFGParallelMixin):
                 return model(x, t, embeds)
 
             noise = self.predict_noise_with_cfg(predict, prompt_embeds, uncond, scale)
+            # Checked every step: a NaN would otherwise flow through the scheduler and the VAE into a
+            # video of garbage, and the step and expert that made it would be lost.
+            stage = (
+                f"Wan2.2 denoise step {step + 1} of {len(timesteps)} (timestep {int(t)}): {name}'s prediction"
+            )
+            check_finite_output(noise, stage, model)
             latents = self.scheduler.step(noise, t, latents, return_dict=False)[0]
         self._current_timestep = None
         return latents
@@ -517,6 +525,10 @@ class Wan22PipelineBase(CFGParallelMixin):
         num_videos_per_prompt: int,
         max_sequence_length: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        given = {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_prompt_embeds}
+        for name, embeds in given.items():
+            if embeds is not None:
+                check_finite_input(embeds, f"Wan2.2 pipeline: {name}")
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
             prompt=prompt,
             negative_prompt=negative_prompt,
@@ -527,6 +539,10 @@ class Wan22PipelineBase(CFGParallelMixin):
             max_sequence_length=max_sequence_length,
             device=self._execution_device,
         )
+        encoded = {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_prompt_embeds}
+        for name, embeds in encoded.items():
+            if embeds is not None and given[name] is None:
+                check_finite_output(embeds, f"Wan2.2 text encoder: {name}", self.text_encoder)
         dtype = self.transformer.dtype
         prompt_embeds = prompt_embeds.to(dtype)
         if negative_prompt_embeds is not None:

@@ -48,6 +48,7 @@ from trnmodels.core.compile.diffusion import (
 from trnmodels.core.diffusion.vae_patch_parallel import VaePatchParallelMixin
 from trnmodels.core.diffusion.vae_tiling import SpatialTilingMixin
 from trnmodels.core.errors import ConfigError, InputError
+from trnmodels.core.finite import check_finite_input, check_finite_output
 
 DECODER = "wan22_vae_decoder"
 ENCODER = "wan22_vae_encoder"
@@ -326,6 +327,7 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
             raise InputError(
                 f"VAE decode: expected latents [B, {self.config.z_dim}, T, h, w], got {list(z.shape)}"
             )
+        check_finite_input(z, "VAE decode: latents")
 
     def _decode(self, z: torch.Tensor, return_dict: bool = True) -> DecoderOutput | tuple[torch.Tensor]:
         self._check_supported()
@@ -337,6 +339,7 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
             out = self.tiled_decode_latents(z, self._decode_frames)
         else:
             out = self._decode_frames(z)
+        check_finite_output(out, "VAE decode: frames", self)  # before the clamp, which keeps NaN anyway
         out = torch.clamp(out, min=-1.0, max=1.0)
         return DecoderOutput(sample=out) if return_dict else (out,)
 
@@ -354,9 +357,13 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
                 f"VAE encode: height {height} and width {width} must be divisible by the spatial "
                 f"compression ratio {ratio}"
             )
+        check_finite_input(x, "VAE encode: video")
         if self.wants_tiled_encode((height, width)):
-            return self.tiled_encode_sample(x, self._encode_frames)
-        return self._encode_frames(x)
+            h = self.tiled_encode_sample(x, self._encode_frames)
+        else:
+            h = self._encode_frames(x)
+        check_finite_output(h, "VAE encode: latent moments", self)
+        return h
 
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> AutoencoderKLOutput | tuple[Any]:
         if self.use_slicing and x.shape[0] > 1:
