@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.dispatch import register_cpu
+from .packed import packed_gemm
 
 # From this many rows converting first is no slower for a weight outside the caches (the table above).
 MIN_ROWS = 32
@@ -129,8 +130,12 @@ def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.linear`` through oneDNN (one FP32 row), as a swapped SGEMM (a few FP32 rows, a large
-    weight), or in FP32 rounded once to ``x``'s dtype (BF16)."""
+    """``ops.linear`` through the GEMM packed for ``weight`` (``cpu.packed``), oneDNN (one FP32 row), as
+    a swapped SGEMM (a few FP32 rows, a large weight), or in FP32 rounded once to ``x``'s dtype (BF16)."""
+    gemm = packed_gemm(weight)
+    if gemm is not None:
+        out = gemm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias
     if x.dtype != torch.float32:
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     if onednn_runs(x, weight, bias):
@@ -143,7 +148,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    return onednn_runs(x, weight, bias) or swap_pays(x, weight, bias) or upcast_pays(x, weight, bias)
+    return (
+        packed_gemm(weight) is not None
+        or onednn_runs(x, weight, bias)
+        or swap_pays(x, weight, bias)
+        or upcast_pays(x, weight, bias)
+    )
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

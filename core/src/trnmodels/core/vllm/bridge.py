@@ -35,6 +35,7 @@ from ..parallel.state import get_tp_group, init_parallel_state
 from ..runtime_config import NeuronConfig
 from .attention import swap_attention
 from .fused_moe import swap_fused_experts
+from .packed_linear import pack_linear_layers
 from .preflight import checkpoint_dir, resolve_plugin
 
 # vLLM configures handlers for its own logger tree only; under it, our lines appear in vLLM's log.
@@ -124,11 +125,15 @@ class TrnmodelsForCausalLM(nn.Module):
         self.model.load_weights(self.checkpoint_dir, progress=False)
         # The plugin's loader is strict: it fills every parameter or raises naming what is missing.
         loaded = {name for name, _ in self.named_parameters()}
-        fused, reasons = swap_fused_experts(self.model)
-        if fused or reasons:
-            logger.info(
-                "trnmodels: %d MoE layers run vLLM's fused CPU MoE kernel%s",
-                fused,
-                f"; core's kernel for {reasons[0]}" if reasons else "",
-            )
+        # vLLM's own CPU kernels where they compute what core's ops define; the log says where not.
+        _log_kernels(
+            "MoE layers run vLLM's fused CPU MoE kernel", "core's kernel", swap_fused_experts(self.model)
+        )
+        _log_kernels("linear layers run vLLM's CPU GEMM", "core's linear op", pack_linear_layers(self.model))
         return loaded
+
+
+def _log_kernels(what: str, otherwise: str, outcome: tuple[int, list[str]]) -> None:
+    count, reasons = outcome
+    if count or reasons:
+        logger.info("trnmodels: %d %s%s", count, what, f"; {otherwise} for {reasons[0]}" if reasons else "")
