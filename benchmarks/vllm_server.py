@@ -42,6 +42,7 @@ class VllmServer:
         env: Mapping[str, str] | None = None,
     ):
         self.port = free_port()
+        self.startup_seconds: float | None = None  # set by wait_ready
         self.base = f"http://{HOST}:{self.port}"
         self.model = str(checkpoint)
         self.log_path = Path(log_path)
@@ -67,7 +68,8 @@ class VllmServer:
             try:
                 with urllib.request.urlopen(f"{self.base}/health", timeout=5) as r:
                     if r.status == 200:
-                        return time.monotonic() - start
+                        self.startup_seconds = time.monotonic() - start
+                        return self.startup_seconds
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(1)

@@ -89,7 +89,7 @@ def router_pair(hf_model, hf_cfg, cfg):
     load_from_hf_module(ours, hf_model.model.layers[0].mlp, ours.checkpoint_keys(""))
 
     def run_ours(x):
-        logits = torch.nn.functional.linear(x[0], ours.router_weight, ours.router_bias)
+        logits = torch.nn.functional.linear(x[0], ours.router.weight, ours.router.bias)
         weights, experts = ops.route(logits, cfg.experts_per_token)
         # Dense [T, E] routing matrix: independent of the order top-k lists its picks in.
         return ops.combine_matrix(weights, experts, cfg.num_experts)[None]

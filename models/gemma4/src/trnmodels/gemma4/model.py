@@ -31,7 +31,7 @@ from trnmodels.core.modules import (
     SelfAttention,
 )
 from trnmodels.core.ops.mlp import activation
-from trnmodels.core.parallel import VocabParallelEmbedding
+from trnmodels.core.parallel import ReplicatedLinear, VocabParallelEmbedding
 from trnmodels.core.weights import KeyDict, KeyMap, prefixed
 
 from .config import Gemma4Config, MoEConfig
@@ -48,9 +48,10 @@ def norm(cfg: Gemma4Config, dim: int, with_scale: bool = True) -> RMSNorm:
     return RMSNorm(dim, cfg.rms_norm_eps, with_scale=with_scale, scale_in_float32=True, dtype=cfg.dtype)
 
 
-def linear(cfg: Gemma4Config, in_features: int, out_features: int) -> nn.Linear:
-    """A replicated projection (small ones: PLE, router); loaded whole on every rank."""
-    return nn.Linear(in_features, out_features, bias=False, dtype=cfg.dtype).requires_grad_(False)
+def linear(cfg: Gemma4Config, in_features: int, out_features: int) -> ReplicatedLinear:
+    """A replicated projection (small ones: PLE, router); loaded whole on every rank. Core's layer, not
+    ``nn.Linear``: its calls go through core's linear op, so they get its CPU GEMM (vLLM's, when served)."""
+    return ReplicatedLinear(in_features, out_features, dtype=cfg.dtype)
 
 
 def layer_name(i: int) -> str:

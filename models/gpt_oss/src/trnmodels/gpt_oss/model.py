@@ -12,7 +12,6 @@ EP index, so one compiled graph serves every rank.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trnmodels.core import ops
@@ -25,6 +24,7 @@ from trnmodels.core.modules import (
     RotaryEmbedding,
     SelfAttention,
 )
+from trnmodels.core.parallel import ReplicatedLinear
 from trnmodels.core.weights import KeyDict
 
 from .config import GptOssConfig
@@ -38,10 +38,7 @@ class GptOssMoE(nn.Module):
         self.top_k = cfg.experts_per_token
         self.mxfp4 = cfg.mxfp4
         # The router is tiny and every rank needs all of its logits: replicated.
-        self.router_weight = nn.Parameter(
-            torch.empty(cfg.num_experts, cfg.hidden_size, dtype=cfg.dtype), False
-        )
-        self.router_bias = nn.Parameter(torch.empty(cfg.num_experts, dtype=cfg.dtype), False)
+        self.router = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, bias=True, dtype=cfg.dtype)
         self.experts = MoEExperts(
             cfg.num_experts,
             cfg.hidden_size,
@@ -55,7 +52,7 @@ class GptOssMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.router_weight, self.router_bias)
+        logits = self.router(x)
         weights, experts = ops.route(logits, self.top_k)
         return self.experts(x, weights, experts, rank)
 
@@ -65,8 +62,8 @@ class GptOssMoE(nn.Module):
             return [f"{stem}_blocks", f"{stem}_scales"] if self.mxfp4 else stem
 
         return {
-            "router_weight": f"{prefix}router.weight",
-            "router_bias": f"{prefix}router.bias",
+            "router.weight": f"{prefix}router.weight",
+            "router.bias": f"{prefix}router.bias",
             "experts.gate_up": weight("gate_up_proj"),
             "experts.gate_up_bias": f"{prefix}experts.gate_up_proj_bias",
             "experts.down": weight("down_proj"),
