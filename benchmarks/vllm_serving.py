@@ -380,9 +380,11 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "Output throughput, default ÷ eager, in this run: the plugin "
         f"{compile_effect('plugin', 'plugin-eager')}, vLLM's own class {compile_effect('vllm', 'vllm-eager')}. "
         "In the plugin's "
-        "graph, core's linear layers (and a MoE model's token-sparse experts when they run) are custom "
-        "ops that choose their kernel when they run (`trnmodels::linear`, `trnmodels::moe_experts`; "
-        "`trnmodels.core.ops.dispatch`), since the trace's sizes are not the calls'.",
+        "graph, a linear layer whose weight vLLM's GEMM took (below) is traced as that GEMM, as vLLM's "
+        "own graph calls it; the other linear layers (and a MoE model's token-sparse experts when they "
+        "run) are custom ops that choose their kernel when they run (`trnmodels::linear`, "
+        "`trnmodels::moe_experts`; `trnmodels.core.ops.dispatch`), since the trace's sizes are not the "
+        "calls'.",
         "- On CPU, vLLM's own linear layers choose a GEMM once, after loading "
         "(`dispatch_cpu_unquantized_gemm`): the sgl-kernel `weight_packed_linear` on a CPU with AMX, else "
         "a oneDNN matmul primitive built for the weight (it reorders the weight once, into its own "

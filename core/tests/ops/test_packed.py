@@ -1,6 +1,6 @@
 """``cpu.packed``: a weight registered with its own GEMM runs it through the linear op, eagerly and under
-torch.compile; its memory is released on request; a view at the same address is not it; the entry goes
-with the parameter."""
+torch.compile (through the runtime op, or traced inline when the GEMM is traceable); its memory is
+released on request; a view at the same address is not it; the entry goes with the parameter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from trnmodels.core.cpu import packed
 from trnmodels.core.cpu.packed import pack, packed_gemm
 
 
-def packed_weight(release: bool) -> tuple[torch.nn.Parameter, torch.Tensor, list[int]]:
+def packed_weight(
+    release: bool, traceable: bool = False
+) -> tuple[torch.nn.Parameter, torch.Tensor, list[int]]:
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(6, 4), requires_grad=False)
     copy = weight.detach().clone()
@@ -23,7 +25,7 @@ def packed_weight(release: bool) -> tuple[torch.nn.Parameter, torch.Tensor, list
         calls.append(x.shape[0])
         return (x.double() @ copy.double().T).to(x.dtype)
 
-    pack(weight, gemm, release=release)
+    pack(weight, gemm, release=release, traceable=traceable)
     return weight, copy, calls
 
 
@@ -56,3 +58,28 @@ def test_a_view_at_the_same_address_and_a_dropped_parameter_are_not_packed():
     del weight
     gc.collect()
     assert key not in packed._packed  # gone before the address can hold another tensor
+
+
+def graph_targets(fn, *args: torch.Tensor) -> tuple[torch.Tensor, set[str]]:
+    """Run ``fn`` compiled (dynamic shapes, one graph); returns its result and the ops its graph calls."""
+    targets: set[str] = set()
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        targets.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=capture, dynamic=True, fullgraph=True)(*args), targets
+
+
+def test_a_traceable_gemm_is_traced_inline_and_an_opaque_one_runs_in_the_runtime_op():
+    x, bias = torch.randn(3, 4), torch.randn(6)
+    inline_weight, copy, _ = packed_weight(release=True, traceable=True)
+    out, targets = graph_targets(lambda x: ops.linear(x, inline_weight, bias), x)
+    # The released weight is NaN: a result this close came from the GEMM's own copy.
+    torch.testing.assert_close(out, x @ copy.T + bias, rtol=1e-6, atol=1e-6)
+    assert not any("trnmodels" in t for t in targets), targets
+    opaque_weight, copy, calls = packed_weight(release=True)
+    out, targets = graph_targets(lambda x: ops.linear(x, opaque_weight, bias), x)
+    torch.testing.assert_close(out, x @ copy.T + bias, rtol=1e-6, atol=1e-6)
+    assert "trnmodels.linear.default" in targets and calls == [3]

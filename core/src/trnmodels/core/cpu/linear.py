@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.dispatch import register_cpu
-from .packed import packed_gemm
+from .packed import PackedGemm, packed_gemm, traceable_gemm
 
 # From this many rows converting first is no slower for a weight outside the caches (the table above).
 MIN_ROWS = 32
@@ -134,8 +134,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     a swapped SGEMM (a few FP32 rows, a large weight), or in FP32 rounded once to ``x``'s dtype (BF16)."""
     gemm = packed_gemm(weight)
     if gemm is not None:
-        out = gemm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
+        return _run_packed(gemm, x, weight, bias)
     if x.dtype != torch.float32:
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     if onednn_runs(x, weight, bias):
@@ -145,6 +144,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)
         return out.mT.contiguous().view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def _run_packed(
+    gemm: PackedGemm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    out = gemm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
+    return out if bias is None else out + bias
+
+
+def _inline(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Under ``torch.compile``: a traceable packed GEMM, whose choice no call's size changes, traced inline."""
+    gemm = traceable_gemm(weight)
+    return None if gemm is None else _run_packed(gemm, x, weight, bias)
 
 
 def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -160,4 +172,4 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-register_cpu("linear", linear, supports=_supports, in_graphs=True, fake=_fake)
+register_cpu("linear", linear, supports=_supports, in_graphs=True, fake=_fake, inline=_inline)

@@ -13,8 +13,10 @@ Under ``torch.compile`` (vLLM compiles the bridge) a CPU kernel registered with 
 opaque custom op, ``trnmodels::<op>``, which makes its choice when it runs, with the call's real sizes
 and values: torch.compile traces once with a symbolic token count and vLLM drops the guards, so a choice
 made from the trace's sizes would hold for every later call, and a kernel that branches on values (the
-token-sparse MoE) cannot be traced at all. ``torch.export`` (our own graph capture, static shapes) keeps
-the rule above.
+token-sparse MoE) cannot be traced at all. A kernel registered with ``inline`` may instead answer at trace
+time, for calls whose choice no size or value changes (a weight packed for a GEMM that traces: the call
+is then traced as that GEMM, with no custom op between). ``torch.export`` (our own graph capture, static
+shapes) keeps the rule above.
 The backend can be forced with ``TRNMODELS_KERNEL_BACKEND=torch|nki|auto`` or ``use_backend(...)``;
 ``torch`` runs the PyTorch reference of every op; forcing ``nki`` where it cannot run raises instead of
 silently falling back.
@@ -49,6 +51,7 @@ _cpu_supports: dict[str, Callable[..., bool]] = {}
 _cpu_in_graphs: set[str] = set()
 _cpu_kernel_names: tuple[str, ...] = ()  # sorted keys of _cpu_impls, kept by register_cpu
 _cpu_runtime_ops: dict[str, Callable[..., Any]] = {}  # trnmodels::<op>, for torch.compile's traces
+_cpu_inline: dict[str, Callable[..., Any]] = {}  # trace-time answers, before the runtime op
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
@@ -90,6 +93,7 @@ def register_cpu(
     *,
     in_graphs: bool = False,
     fake: Callable[..., torch.Tensor] | None = None,
+    inline: Callable[..., torch.Tensor | None] | None = None,
 ) -> None:
     """Bind a CPU kernel to an op (``trnmodels.core.cpu`` does, at import). ``supports(*args, **kwargs)``
     is its predicate: calls it rejects run the PyTorch reference. ``in_graphs`` says the kernel is static
@@ -97,7 +101,9 @@ def register_cpu(
 
     ``fake(*args, **kwargs)`` returns an empty tensor of the call's result (shape and dtype from the
     arguments' alone): with it, ``torch.compile`` traces the op as the custom op ``trnmodels::<op>``,
-    which dispatches when it runs (see the module's docstring)."""
+    which dispatches when it runs (see the module's docstring). ``inline(*args, **kwargs)``, tried first
+    under ``torch.compile``, returns the call's result traced inline when the kernel's choice is fixed
+    for every call of the traced site, else None."""
     global _cpu_kernel_names
     _bind("register_cpu", _cpu_impls, _cpu_supports, op, impl, supports)
     _cpu_kernel_names = tuple(sorted(_cpu_impls))
@@ -107,6 +113,10 @@ def register_cpu(
         _cpu_in_graphs.discard(op)
     if fake is not None and op not in _cpu_runtime_ops:
         _cpu_runtime_ops[op] = _runtime_op(op, fake)
+    if inline is None:
+        _cpu_inline.pop(op, None)
+    else:
+        _cpu_inline[op] = inline
 
 
 # The namespace of the runtime ops. Defined through ``torch.library.Library`` rather than ``custom_op``:
@@ -313,7 +323,9 @@ def kernel_op(
         def op(*args: P.args, **kwargs: P.kwargs) -> R:
             # is_compiling first: eager calls (every decode step's linear layers) pay one cheap check.
             if torch.compiler.is_compiling() and _traced_at_run_time(name, args, kwargs):
-                return _cpu_runtime_ops[name](*args, **kwargs)
+                inline = _cpu_inline.get(name)
+                traced = inline(*args, **kwargs) if inline is not None else None
+                return traced if traced is not None else _cpu_runtime_ops[name](*args, **kwargs)
             backend = select_backend(name, *args, supports=supports, **kwargs)
             if backend == "nki":
                 return _nki_impls[name](*args, **kwargs)

@@ -85,7 +85,8 @@ def pack_linear_layers(model: nn.Module) -> tuple[int, list[str]]:
             reasons.append(f"{path}: {reason}")
             continue
         keep = isinstance(module, ParallelLMHead) or id(weight) in shared
-        pack(weight, gemm, release=not keep)
+        # vLLM traces its GEMMs in its own compiled classes: so may its compile of the bridge.
+        pack(weight, gemm, release=not keep, traceable=True)
         packed += 1
     return packed, reasons
 
