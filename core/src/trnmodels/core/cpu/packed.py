@@ -11,8 +11,8 @@ runs under ``torch.compile``. An entry is dropped with its parameter, before the
 A GEMM packed as ``traceable`` (built from ops ``torch.compile`` can trace, as vLLM's are: vLLM traces
 them in its own model classes) is also found on the parameter object itself, which a trace can read where
 it cannot read a data pointer: ``torch.compile`` then traces the GEMM inline, as vLLM's graphs call it,
-instead of the op ``trnmodels::linear`` choosing it at every call (about 8 µs a call here, a tenth of a
-small model's batch-1 decode step under vLLM).
+instead of the op ``trnmodels::linear`` choosing it at every call (about 8 µs a call here: 0.2 ms of a
+3.6 ms batch-1 gpt-oss decode step under vLLM).
 """
 
 from __future__ import annotations
