@@ -18,6 +18,8 @@ def test_projection_floor_counts_every_linear_call_and_its_flops() -> None:
     assert floor["calls"] == 4
     assert floor["flops"] == 2 * (2 * 3 * 8 * 16 + 2 * 3 * 16 * 4)
     assert floor["seconds"] > 0
+    if torch.backends.mkldnn.is_available():
+        assert floor["onednn_seconds"] > 0 and floor["onednn_error_ratio"] > 0
     assert not any(m._forward_hooks for m in model.modules())  # the hooks are removed
 
 
@@ -41,7 +43,13 @@ def report(*, diffusers: float, compiled: float, floor: float, vae: float, vae_p
         "vae_decode_tiled": case(12.0, 139),
         "vae_decode_diffusers_tiled": case(10.0, 135),
         "dit_compile_seconds": 38.0,
-        "dit_projections": {"calls": 46, "flops": 9.76e9, "seconds": floor},
+        "dit_projections": {
+            "calls": 46,
+            "flops": 9.76e9,
+            "seconds": floor,
+            "onednn_seconds": floor / 2,
+            "onednn_error_ratio": 2.5,
+        },
         "vae_cache_mb": 49.3,
     }
     return {
@@ -86,6 +94,8 @@ def test_page_says_why_a_target_is_missed(tmp_path: Path, floor: float, expect: 
     assert "| DiT step, compiled: diffusers' time ÷ ours | 1.2× | >= 1.5× | **missed** |" in page
     assert "| VAE decode, untiled: ours ÷ diffusers' time | 0.9× | <= 1× | **met** |" in page
     assert expect in page
+    assert "oneDNN's inner product would run the same projections in " + f"{500 * floor:.1f} ms" in page
+    assert "up to 2.5× SGEMM's on these shapes" in page
     assert "other processes used 0.05 of its cores on average during the run" in page
     assert "the median of 3 timed runs (15 for a DiT step) and 3 memory processes per case" in page
     assert "Ours adds 173.4 MB at its peak, diffusers 170.0 MB (+3.4 MB)" in page

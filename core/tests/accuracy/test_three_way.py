@@ -9,6 +9,7 @@ from trnmodels.core.accuracy import (
     bhattacharyya,
     compare_three_way,
 )
+from trnmodels.core.accuracy.three_way import BC_MIN, histogram_bins
 
 F64 = torch.float64
 
@@ -128,3 +129,17 @@ def test_report_str_and_dict():
     d = r.to_dict()
     assert d["name"] == "x" and d["shape"] == [4] and d["passed"] is False
     assert {"bc_min", "sigma_max", "linf_ratio_max", "l2_ratio_max", "bc", "sigma_ratio"} <= d.keys()
+
+
+@pytest.mark.parametrize("numel", [1024, 2900, 7350, 16000])
+def test_histogram_bins_keep_two_samples_of_one_distribution_above_bc_min(numel):
+    # Two independent draws of one error distribution: only sampling noise separates their histograms.
+    # 64 fixed bins fall below BC_MIN on small samples (the shortfall is about (bins - 1) / (4 numel)).
+    shortfalls = []
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        a, b = torch.randn(numel, generator=g).abs(), torch.randn(numel, generator=g).abs()
+        assert bhattacharyya(a, b, histogram_bins(numel)) >= BC_MIN
+        shortfalls.append(1 - bhattacharyya(a, b, 64))
+    if numel == 1024:
+        assert sum(shortfalls) / len(shortfalls) > 1 - BC_MIN

@@ -292,9 +292,40 @@ def test_attention_matches_sdpa(tq, tk, hkv):
     torch.manual_seed(8)
     b, h = 2, 4
     q, k, v = torch.randn(b, tq, h, D), torch.randn(b, tk, hkv, D), torch.randn(b, tk, hkv, D)
-    out = attention(q, k, v, scale=SCALE)
+    # The reference (the CPU kernel is torch's SDPA itself: it is checked against the reference below).
+    out = attention.reference(q, k, v, scale=SCALE)
     assert out.shape == (b, tq, h, D)
     torch.testing.assert_close(out, _sdpa(q, k, v, SCALE))
+
+
+@pytest.mark.parametrize(("tq", "tk"), [(40, 40), (33, 7)], ids=["self", "cross"])
+@pytest.mark.parametrize("hkv", [4, 2], ids=["MHA", "GQA"])
+@torch.no_grad()
+def test_attention_cpu_kernel_matches_the_reference(monkeypatch, tq, tk, hkv):
+    """The fused CPU kernel takes unmasked calls; against a float64 truth its FP32 error stays at the
+    reference's, and in BF16 within the three-way bounds of the reference's own BF16 error."""
+    torch.manual_seed(12)
+    b, h = 2, 4
+    q, k, v = (torch.randn(b, t, n, D) * 2 for t, n in ((tq, h), (tk, hkv), (tk, hkv)))
+    assert select_backend("attention", q, k, v, scale=SCALE) == "cpu"
+    truth = attention.reference(q.double(), k.double(), v.double(), scale=SCALE)
+    kernel, reference = attention(q, k, v, scale=SCALE), attention.reference(q, k, v, scale=SCALE)
+    kernel_error = (kernel.double() - truth).abs().max().item()
+    assert kernel_error <= 2 * (reference.double() - truth).abs().max().item() + 1e-7
+    torch.testing.assert_close(kernel, reference)
+    q16, k16, v16 = (t.bfloat16() for t in (q, k, v))
+    target = attention(q16, k16, v16, scale=SCALE)
+    assert target.dtype == torch.bfloat16
+    expected = attention.reference(q16.double(), k16.double(), v16.double(), scale=SCALE)
+    baseline = attention.reference(q16, k16, v16, scale=SCALE)
+    assert_close_three_way(target, expected, baseline, name="attention cpu kernel bf16")
+    # Masks, softcapping and sinks keep the reference; TRNMODELS_CPU_KERNELS=none turns the kernel off.
+    kpm = torch.ones(b, tk, dtype=torch.bool)
+    assert select_backend("attention", q, k, v, scale=SCALE, key_padding_mask=kpm) == "torch"
+    assert select_backend("attention", q, k, v, scale=SCALE, causal=True) == "torch"
+    assert select_backend("attention", q, k, v, scale=SCALE, softcap=5.0) == "torch"
+    monkeypatch.setenv("TRNMODELS_CPU_KERNELS", "none")
+    assert select_backend("attention", q, k, v, scale=SCALE) == "torch"
 
 
 @torch.no_grad()

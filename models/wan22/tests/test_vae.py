@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import AutoencoderKLWan
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
 
 from trnmodels.core.accuracy import assert_close_three_way
 from trnmodels.core.errors import InputError, NonFiniteOutputError
 from trnmodels.core.parallel.launch import run_on_ranks
-from trnmodels.wan22.vae import CopyOnceCausalConv3d, Wan22VAE
+from trnmodels.wan22.vae import CopyOnceCausalConv3d, SquareSumRMSNorm, Wan22VAE
 
 HERE = Path(__file__).parent
 TILES = dict(
@@ -100,6 +101,38 @@ def test_our_vae_runs_copy_once_convolutions(ours, latents):
     decode(ours, latents[:, :, :1])
     kinds = {type(m) for m in ours.decoder.modules() if type(m).__name__.endswith("CausalConv3d")}
     assert kinds == {CopyOnceCausalConv3d}
+    norms = {type(m) for m in ours.decoder.modules() if isinstance(m, WanRMS_norm)}
+    assert norms == {SquareSumRMSNorm}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("channel_first", "images", "bias"), [(True, False, False), (True, True, True), (False, True, False)]
+)
+def test_square_sum_rms_norm_matches_diffusers(channel_first, images, bias, dtype):
+    torch.manual_seed(0)
+    theirs = WanRMS_norm(6, channel_first=channel_first, images=images, bias=bias).to(dtype)
+    with torch.no_grad():
+        theirs.gamma.normal_()
+        if bias:
+            theirs.bias.normal_()
+    ours = copy.deepcopy(theirs)
+    ours.__class__ = SquareSumRMSNorm
+    shape = (2, 6, 3, 5, 4) if not images else (2, 6, 5, 4)
+    x = torch.randn(shape if channel_first else (*shape[:1], *shape[2:], 6)).to(dtype)
+    x[0, ..., 0] = 0  # a zero vector: both floor the norm
+    with torch.no_grad():
+        expected, got = theirs(x), ours(x)
+    assert got.dtype == expected.dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    else:  # the same FP32 normalisation, then diffusers' BF16 scalings: one BF16 rounding apart at most
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=2**-7)
+    # With gradients, diffusers' own forward runs (the in-place scalings would break the backward).
+    got = ours(x.float().requires_grad_()) if dtype == torch.float32 else None
+    if got is not None:
+        torch.testing.assert_close(got, expected)
+        got.sum().backward()
 
 
 def test_decode_fp32_matches_diffusers(ours, reference, latents):

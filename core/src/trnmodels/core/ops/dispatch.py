@@ -259,7 +259,25 @@ def _nki_impl(op: str) -> Callable[..., Any] | None:
 
 
 def _first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
-    return next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg
+    return None
+
+
+def _cpu_kernel_runs(
+    op: str, first: torch.Tensor | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    return (
+        op in _cpu_impls
+        and first is not None
+        and first.is_cpu
+        # A captured graph keeps the reference unless the kernel is static: CPU kernels may branch on
+        # values (token-sparse MoE).
+        and (op in _cpu_in_graphs or not torch.compiler.is_compiling())
+        and op in _enabled()
+        and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
+    )
 
 
 def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
@@ -268,6 +286,10 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
     if mode == "torch":
         return "torch"
     first = _first_tensor(args)
+    if mode == "auto" and op not in _nki_impls:
+        # No NKI adapter for the op: only the CPU kernel's conditions are left to ask (every eager op of
+        # a CPU decode step comes here, so the Neuron checks are skipped, not made).
+        return "cpu" if _cpu_kernel_runs(op, first, args, kwargs) else "torch"
     on_device = neuron.is_neuron_tensor(first)
     adapter_supports = _nki_supports.get(op)
     if mode == "nki":
@@ -296,18 +318,7 @@ def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = N
         and (adapter_supports is None or adapter_supports(*args, **kwargs))
     ):
         return "nki"
-    if (
-        op in _cpu_impls
-        and first is not None
-        and first.is_cpu
-        # A captured graph keeps the reference unless the kernel is static: CPU kernels may branch on
-        # values (token-sparse MoE).
-        and (op in _cpu_in_graphs or not torch.compiler.is_compiling())
-        and op in _enabled()
-        and (op not in _cpu_supports or _cpu_supports[op](*args, **kwargs))
-    ):
-        return "cpu"
-    return "torch"
+    return "cpu" if _cpu_kernel_runs(op, first, args, kwargs) else "torch"
 
 
 def kernel_op(
@@ -326,6 +337,9 @@ def kernel_op(
                 inline = _cpu_inline.get(name)
                 traced = inline(*args, **kwargs) if inline is not None else None
                 return traced if traced is not None else _cpu_runtime_ops[name](*args, **kwargs)
+            if name not in _cpu_impls and name not in _nki_impls and current_backend() != "nki":
+                # No kernel to choose (a forced "nki" still asks select_backend, which raises).
+                return reference(*args, **kwargs)
             backend = select_backend(name, *args, supports=supports, **kwargs)
             if backend == "nki":
                 return _nki_impls[name](*args, **kwargs)

@@ -12,8 +12,11 @@ The cache the ``first`` graph returns is put in its steady-state shape: a causal
 the frames it has no cache for, so a short cache is the same as one with zero frames in front, and the
 upsampler's ``"Rep"`` marker is the same as an all-zero cache. Same numbers, one ``step`` shape for every
 later chunk. An uncompiled pass needs no fixed shapes: it carries diffusers' own cache list from chunk to
-chunk (:class:`DiffusersCache`), as diffusers does. The convolution blocks themselves are diffusers' (imported, not rewritten), except that each
-causal convolution copies its input once where diffusers copies it twice (:class:`CopyOnceCausalConv3d`).
+chunk (:class:`DiffusersCache`), as diffusers does. The convolution blocks themselves are diffusers'
+(imported, not rewritten), two of their modules' classes swapped for faster forwards of the same math:
+each causal convolution copies its input once where diffusers copies it twice
+(:class:`CopyOnceCausalConv3d`), and each RMS norm sums squares where diffusers calls ``F.normalize``
+(:class:`SquareSumRMSNorm`).
 
 On top of that the VAE adds spatial tiling (:class:`~trnmodels.core.diffusion.vae_tiling.SpatialTilingMixin`),
 patch parallelism (:class:`~trnmodels.core.diffusion.vae_patch_parallel.VaePatchParallelMixin`) and
@@ -34,6 +37,7 @@ from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKLOutput
 from diffusers.models.autoencoders.autoencoder_kl_wan import (
     AutoencoderKLWan,
     WanCausalConv3d,
+    WanRMS_norm,
 )
 from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -98,12 +102,40 @@ class CopyOnceCausalConv3d(WanCausalConv3d):
         return torch.nn.Conv3d.forward(self, padded)
 
 
-def _copy_once_convs(net: torch.nn.Module) -> None:
-    """Make each of ``net``'s causal convolutions a :class:`CopyOnceCausalConv3d` (the same module, its
-    class swapped: parameters, names and hooks stay)."""
+class SquareSumRMSNorm(WanRMS_norm):
+    """diffusers' ``WanRMS_norm`` with its norm taken as a sum of squares, and its scales applied in place.
+
+    diffusers normalises through ``F.normalize``, whose ``linalg.vector_norm`` over the channel dimension
+    took 7.6 ms on a 32 x 4 x 128 x 128 feature map here where squaring and summing takes 0.3 ms: 13-25% of
+    a whole decode. The result differs from diffusers' by FP32 rounding only (the sums run in another
+    order). The three scalings then reuse one output buffer, so the norm holds one full-size temporary
+    where diffusers' holds two. Same parameters, same state dict.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or torch.is_grad_enabled():
+            # Inductor fuses diffusers' ops itself; the in-place scaling would break a backward.
+            return super().forward(x)
+        dim = 1 if self.channel_first else -1
+        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        # F.normalize's floor on the norm (eps 1e-12).
+        denominator = work.square().sum(dim, keepdim=True).sqrt_().clamp_min_(1e-12)
+        out = work / denominator
+        out = out.to(x.dtype).mul_(self.scale).mul_(self.gamma)
+        if isinstance(self.bias, torch.Tensor):
+            out.add_(self.bias)
+        return out
+
+
+def _swap_blocks(net: torch.nn.Module) -> None:
+    """Make each of ``net``'s causal convolutions a :class:`CopyOnceCausalConv3d` and each RMS norm a
+    :class:`SquareSumRMSNorm` (the same modules, their classes swapped: parameters, names and hooks
+    stay)."""
     for module in net.modules():
         if type(module) is WanCausalConv3d:
             module.__class__ = CopyOnceCausalConv3d
+        elif type(module) is WanRMS_norm:
+            module.__class__ = SquareSumRMSNorm
 
 
 class CausalChunk(torch.nn.Module):
@@ -205,9 +237,9 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
 
     def _parts(self, kind: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         net = self.decoder if kind == DECODER else self.encoder
-        if kind not in self._state("copy_once"):  # a walk over every module: once per network
-            _copy_once_convs(net)
-            self._state("copy_once")[kind] = True
+        if kind not in self._state("swapped"):  # a walk over every module: once per network
+            _swap_blocks(net)
+            self._state("swapped")[kind] = True
         if kind == DECODER:
             return self.post_quant_conv, net, torch.nn.Identity()
         return torch.nn.Identity(), net, self.quant_conv
