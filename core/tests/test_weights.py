@@ -202,6 +202,42 @@ def test_with_rank_override(ckpt: SafetensorsCheckpoint):
     torch.testing.assert_close(loader([ckpt.tensor("w")], 1, 2), w[6:8])
 
 
+def test_with_rank_override_of_a_later_dim_split_reads_the_rank_part(ckpt: SafetensorsCheckpoint):
+    w = _tensors()["w"]
+    loader = with_rank_override(sharded(1), 1, 2)
+    half = w.shape[1] // 2
+    # The override's part, not the whole tensor its one-rank row plan would give.
+    torch.testing.assert_close(loader([ckpt.tensor("w")], 0, 1), w[:, half:])
+    assert loader.row_plan([ckpt.tensor("w")], 0, 1) is None
+    alone = with_rank_override(sharded(1), 0, 1)
+    [(tensor, start, stop)] = alone.row_plan([ckpt.tensor("w")], 0, 2)
+    assert (tensor.key, start, stop) == ("w", 0, w.shape[0])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_later_dim_split_alone_is_read_straight_into_the_parameter(ckpt, monkeypatch, world_size):
+    """A row-parallel weight (split along dim 1) at one rank is whole rows: read into the parameter with
+    no temporary. Split over two ranks it is read in column chunks, as before."""
+    from trnmodels.core.weights.safetensors_file import TensorSlice
+
+    w = _tensors()["w"]
+    reads = []
+    rows = TensorSlice._rows
+    monkeypatch.setattr(TensorSlice, "_rows", lambda self, *a: reads.append(a) or rows(self, *a))
+    model = nn.Module()
+    model.w = nn.Parameter(
+        torch.full((w.shape[0], w.shape[1] // world_size), float("nan")), requires_grad=False
+    )
+    set_weight_loader(model.w, sharded(1))
+    load_parameters(
+        model, ckpt, {"w": "w"}, rank=world_size - 1, world_size=world_size, ignore=["*"], progress=False
+    )
+    assert torch.equal(
+        model.w.data, w[:, (world_size - 1) * w.shape[1] // world_size :][:, : w.shape[1] // world_size]
+    )
+    assert bool(reads) == (world_size > 1)
+
+
 def test_single_key_loader_rejects_several_keys(ckpt: SafetensorsCheckpoint):
     with pytest.raises(CheckpointError, match=r"one checkpoint key.*'gate', 'up'"):
         sharded(0)([ckpt.tensor("gate"), ckpt.tensor("up")], 0, 2)

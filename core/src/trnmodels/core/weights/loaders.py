@@ -97,6 +97,15 @@ def sharded(dim: int) -> WeightLoader:
     def load(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> torch.Tensor:
         return read_shard(_single(tensors), dim, rank, world_size)
 
+    def whole_rows_on_one_rank(
+        tensors: Sequence[CheckpointTensor], rank: int, world_size: int
+    ) -> list[RowRange] | None:
+        # Alone, a rank's part along a later dim is the whole tensor: every row, read straight into the
+        # parameter (a row-parallel layer at TP=1) instead of in column chunks copied in.
+        t = _single(tensors)
+        return [(t, 0, t.shape[0])] if world_size == 1 and t.shape else None
+
+    load.row_plan = whole_rows_on_one_rank  # type: ignore[attr-defined]
     return load
 
 
@@ -163,10 +172,10 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_dim: int) -> WeightLoader:
 def with_rank_override(loader: WeightLoader, rank: int, world_size: int) -> WeightLoader:
     """Load as if this were ``rank`` of ``world_size`` (a parameter split over a sub-group, e.g. EP)."""
     plan = getattr(loader, "row_plan", None)
-    if plan is not None:
-        return rows_loader(lambda tensors, _rank, _world_size: plan(tensors, rank, world_size))
 
     def load(tensors: Sequence[CheckpointTensor], _rank: int, _world_size: int) -> torch.Tensor:
         return loader(tensors, rank, world_size)
 
+    if plan is not None:
+        load.row_plan = lambda tensors, _rank, _world_size: plan(tensors, rank, world_size)  # type: ignore[attr-defined]
     return load

@@ -289,7 +289,14 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
         return self._state("chunks")[key]
 
     def _run(
-        self, kind: str, first: bool, x: torch.Tensor, cache: Cache, first_shape: Shape
+        self,
+        kind: str,
+        first: bool,
+        x: torch.Tensor,
+        cache: Cache,
+        first_shape: Shape,
+        *,
+        pre_done: bool = False,
     ) -> tuple[torch.Tensor, Cache]:
         """One chunk; ``cache`` is consumed (emptied) so its entries are freed as the chunk replaces them.
 
@@ -298,7 +305,7 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
         eager pass never traces the network on fake tensors (which costs its first call memory)."""
         fn = self._state("compiled").get((kind, first, first_shape, x.dtype))
         if fn is None:
-            return self._run_eager(kind, first, x, cache, first_shape)
+            return self._run_eager(kind, first, x, cache, first_shape, pre_done=pre_done)
         steady = [] if first else self._steady_cache(kind, cache, x, first_shape)
         # A compiled graph assumes the dense layout it was traced with; slices and caches may not be.
         args = [t.contiguous() for t in (x, *steady)]
@@ -307,9 +314,18 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
         return out[0], list(out[1:])
 
     def _run_eager(
-        self, kind: str, first: bool, x: torch.Tensor, cache: Cache, first_shape: Shape
+        self,
+        kind: str,
+        first: bool,
+        x: torch.Tensor,
+        cache: Cache,
+        first_shape: Shape,
+        *,
+        pre_done: bool = False,
     ) -> tuple[torch.Tensor, Cache]:
         pre, net, post = self._parts(kind)
+        if pre_done:
+            pre = torch.nn.Identity()
         if first:
             entries: list[Any] = [None] * self._num_convs(kind)
         elif isinstance(cache, DiffusersCache):
@@ -335,10 +351,17 @@ class Wan22VAE(VaePatchParallelMixin, SpatialTilingMixin, AutoencoderKLWan):
     def _decode_frames(self, z: torch.Tensor) -> torch.Tensor:
         """Decode ``[B, z_dim, T, h, w]`` latents one frame at a time (no tiling, no clamp)."""
         first_shape = (*z.shape[:2], 1, *z.shape[3:])
-        out, cache = self._run(DECODER, True, z[:, :, :1], [], first_shape)
+        compiled = self._state("compiled")
+        pre_done = not any((DECODER, first, first_shape, z.dtype) in compiled for first in (True, False))
+        if pre_done:
+            # Uncompiled, the 1x1x1 post-quant convolution runs once over every frame, as diffusers' does:
+            # run per chunk it cost each chunk's shape its own first-call buffers (0.5 MB of the bench
+            # decode's peak).
+            z = self.post_quant_conv(z)
+        out, cache = self._run(DECODER, True, z[:, :, :1], [], first_shape, pre_done=pre_done)
         frames = [out]
         for t in range(1, z.shape[2]):
-            out, cache = self._run(DECODER, False, z[:, :, t : t + 1], cache, first_shape)
+            out, cache = self._run(DECODER, False, z[:, :, t : t + 1], cache, first_shape, pre_done=pre_done)
             frames.append(out)
         return torch.cat(frames, dim=2)
 
