@@ -229,6 +229,19 @@ def test_a_moe_model_has_no_compiled_batch_target_and_its_eager_misses_point_to_
     assert "The MoE section above gives the expert work per step" in page
 
 
+def test_a_moe_roofline_counts_the_chosen_experts_and_the_section_names_what_the_graph_reads() -> None:
+    moe = _bench_workload()
+    moe["checkpoint"]["experts"] = {"num_experts": 8, "experts_per_token": 2, "expert_bytes": 200e6}
+    r = _results(moe)
+    # 300 MB a step can touch, 200 MB of it experts: a token reads 100 MB + 2/8 x 200 MB = 150 MB.
+    assert report.roofline(report.views(r)[0]) == pytest.approx(24e9 / 150e6)
+    page = report.markdown(r, chart="toy.png")
+    assert "reads 150 MB of weights" in page and "= 160.0 tok/s" in page
+    # Batch 1: 2 pairs <= 8 experts, gathered; batch 8: 16 pairs, all experts.
+    assert "| 2 of 8 (gathered) |" in page and "| 8 of 8 (all) |" in page
+    assert "here up to batch 4" in page
+
+
 def test_best_schedule_of_graphs_on_workers() -> None:
     assert report.best_schedule([60.0, 55.0, 35.0], 2) == 90.0
     assert report.best_schedule([10.0, 10.0, 10.0, 10.0], 2) == 20.0

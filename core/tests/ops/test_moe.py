@@ -141,6 +141,32 @@ def test_cpu_kernel_skips_tokens_routed_elsewhere_and_idle_experts():
     torch.testing.assert_close(ops.experts_ffn(x, gate_up, down, combine), expected, atol=1e-6, rtol=1e-6)
 
 
+def bf16_block(experts: int, tokens: int, hidden: int, inter: int):
+    """Random BF16 experts in the layout ``MoEExperts`` keeps them ([E, out, in] memory), a routing, and
+    the block's output computed in float64 from the same BF16 values."""
+    torch.manual_seed(SEED)
+    x = torch.randn(tokens, hidden).bfloat16()
+    gate_up = (torch.randn(experts, 2 * inter, hidden) * 0.2).bfloat16().transpose(1, 2)
+    down = (torch.randn(experts, hidden, inter) * 0.2).bfloat16().transpose(1, 2)
+    biases = (
+        (torch.randn(experts, 2 * inter) * 0.1).bfloat16(),
+        (torch.randn(experts, hidden) * 0.1).bfloat16(),
+    )
+    weights, chosen = ops.route(torch.randn(tokens, experts), 2)
+    combine = ops.combine_matrix(weights, chosen, experts).bfloat16()
+    truth = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t, e in combine.nonzero().tolist():
+        h = x[t].double() @ gate_up[e].double() + biases[0][e].double()
+        a = ops.clamped_swiglu(h[::2], h[1::2], 1.702, 7.0)
+        truth[t] += combine[t, e].double() * (a @ down[e].double() + biases[1][e].double())
+    return (x, gate_up, down, combine, *biases), truth
+
+
+def assert_within_bf16_rounding(out: torch.Tensor, truth: torch.Tensor) -> None:
+    scale = truth.abs().max().item()
+    torch.testing.assert_close(out.double(), truth, rtol=2**-6, atol=2**-6 * scale)
+
+
 @pytest.mark.parametrize(
     "hidden, inter, tokens, bf16_hardware, grouped",
     [
@@ -158,36 +184,83 @@ def test_cpu_kernel_paths_match_a_float64_truth(monkeypatch, hidden, inter, toke
     calls = []
     grouped_mm = torch._grouped_mm
     monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or grouped_mm(*a, **k))
-    torch.manual_seed(SEED)
-    experts = 3
-    x = torch.randn(tokens, hidden).bfloat16()
-    gate_up = (torch.randn(experts, 2 * inter, hidden) * 0.2).bfloat16().transpose(1, 2)
-    down = (torch.randn(experts, hidden, inter) * 0.2).bfloat16().transpose(1, 2)
-    biases = (
-        (torch.randn(experts, 2 * inter) * 0.1).bfloat16(),
-        (torch.randn(experts, hidden) * 0.1).bfloat16(),
-    )
-    weights, chosen = ops.route(torch.randn(tokens, experts), 2)
-    combine = ops.combine_matrix(weights, chosen, experts).bfloat16()
-    truth = torch.zeros(tokens, hidden, dtype=torch.float64)
-    for t, e in combine.nonzero().tolist():
-        h = x[t].double() @ gate_up[e].double() + biases[0][e].double()
-        a = ops.clamped_swiglu(h[::2], h[1::2], 1.702, 7.0)
-        truth[t] += combine[t, e].double() * (a @ down[e].double() + biases[1][e].double())
-    out = ops.experts_ffn(x, gate_up, down, combine, gate_up_bias=biases[0], down_bias=biases[1])
+    args, truth = bf16_block(3, tokens, hidden, inter)
+    x, gate_up, down, combine, gate_up_bias, down_bias = args
+    out = ops.experts_ffn(x, gate_up, down, combine, gate_up_bias=gate_up_bias, down_bias=down_bias)
     assert bool(calls) == grouped
-    scale = truth.abs().max().item()
-    torch.testing.assert_close(out.double(), truth, rtol=2**-6, atol=2**-6 * scale)
+    assert_within_bf16_rounding(out, truth)
 
 
-def test_graph_capture_keeps_the_static_reference():
-    """torch.export (the compile driver's capture) traces the all-experts reference: the CPU kernel's
+class ExportedExperts(torch.nn.Module):
+    def __init__(self, top_k: int | None):
+        super().__init__()
+        self.top_k = top_k
+
+    def forward(self, x, gate_up, down, combine, gate_up_bias, down_bias):
+        return ops.experts_ffn(
+            x, gate_up, down, combine, gate_up_bias=gate_up_bias, down_bias=down_bias, top_k=self.top_k
+        )
+
+
+def exported_experts(top_k: int | None, *args: torch.Tensor) -> torch.export.ExportedProgram:
+    return torch.export.export(ExportedExperts(top_k), args, strict=True)
+
+
+def gpt_oss_experts_args(mlp: gpt_oss.GptOssMLP, x: torch.Tensor, experts: slice = slice(None)):
+    logits = torch.nn.functional.linear(x, mlp.router.weight, mlp.router.bias)
+    weights, chosen = ops.route(logits, K)
+    ex = mlp.experts
+    gate_up = ex.gate_up_proj[experts]
+    combine = ops.combine_matrix(weights, chosen, gate_up.shape[0], experts.start or 0)
+    biases = ex.gate_up_proj_bias[experts], ex.down_proj_bias[experts]
+    return (x, gate_up, ex.down_proj[experts], combine, *biases)
+
+
+@pytest.mark.parametrize("top_k, tokens", [(None, T), (K, T), (None, 2)])
+def test_graph_capture_keeps_the_static_reference(top_k, tokens):
+    """torch.export (the compile driver's capture) traces the all-experts reference when the call has more
+    (token, expert) pairs than experts, or does not say how many experts a token chose: the eager kernel's
     per-expert row counts depend on the routing and would not give one static graph."""
-
-    class Experts(torch.nn.Module):
-        def forward(self, x, gate_up, down, combine):
-            return ops.experts_ffn(x, gate_up, down, combine)
-
-    args = (torch.randn(T, H), torch.randn(E, H, 2 * INTER), torch.randn(E, INTER, H), torch.rand(T, E))
-    graph = str(torch.export.export(Experts(), args, strict=True).graph)
+    mlp = gpt_oss_mlp()
+    with torch.no_grad():
+        graph = str(exported_experts(top_k, *gpt_oss_experts_args(mlp, torch.randn(tokens, H))).graph)
     assert "aten.bmm" in graph and "nonzero" not in graph
+
+
+def test_graph_capture_at_few_pairs_reads_only_the_chosen_experts():
+    """A decode step's few tokens (pairs <= experts): the captured graph indexes each pair's expert weights
+    and has no all-experts matmul; it computes transformers' gpt-oss block in FP32."""
+    mlp = gpt_oss_mlp()
+    x = torch.randn(2, H)  # 2 tokens x 2 chosen = 4 pairs, 4 experts
+    with torch.no_grad():
+        args = gpt_oss_experts_args(mlp, x)
+        program = exported_experts(K, *args)
+        graph = str(program.graph)
+        assert "aten.bmm" not in graph and "nonzero" not in graph and "aten.index" in graph
+        out = program.module()(*args)
+        expected, _ = mlp(x[None])
+    torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_graph_capture_at_few_pairs_sums_over_expert_parallel_ranks():
+    """Two ranks of two experts: a token with fewer than k local picks takes zero-weight experts, which add
+    nothing, so the ranks' captured partials still sum to transformers' block."""
+    mlp = gpt_oss_mlp()
+    x = torch.randn(1, H)
+    with torch.no_grad():
+        parts = []
+        for experts in (slice(0, 2), slice(2, 4)):
+            args = gpt_oss_experts_args(mlp, x, experts)
+            program = exported_experts(K, *args)
+            assert "aten.bmm" not in str(program.graph)
+            parts.append(program.module()(*args))
+        expected, _ = mlp(x[None])
+    torch.testing.assert_close(parts[0] + parts[1], expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_graph_capture_at_few_pairs_bf16_matches_a_float64_truth():
+    """BF16, 3 tokens of top-2 among 8 experts: within BF16 rounding of the same block in float64."""
+    args, truth = bf16_block(8, 3, H, INTER)
+    program = exported_experts(K, *args)
+    assert "aten.bmm" not in str(program.graph)
+    assert_within_bf16_rounding(program.module()(*args), truth)

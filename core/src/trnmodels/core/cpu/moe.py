@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops import moe as moe_ops
 from ..ops.dispatch import register_cpu
 from ..ops.moe import expert_activation
 from .linear import matmul, upcast_pays
@@ -55,6 +56,50 @@ def grouped_matmul(
     return out if bias is None else out + bias[groups.experts]
 
 
+def gathers_experts(tokens: int, top_k: int | None, num_experts: int) -> bool:
+    """Whether a captured graph of ``tokens`` rows runs ``gathered_experts_ffn``: while the (token, expert)
+    pairs are no more than the local experts, gathering reads fewer weights (one expert's per pair) than
+    the reference's batched matmuls (every expert once)."""
+    return top_k is not None and tokens * top_k <= num_experts
+
+
+def gathered_experts_ffn(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    combine: torch.Tensor,
+    *,
+    top_k: int,
+    act: str = "swiglu_clamped",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> torch.Tensor:
+    """``ops.experts_ffn`` over the ``T * top_k`` (token, expert) pairs, static shapes, for graph capture.
+
+    Each token's ``top_k`` largest combine weights pick its experts (under expert parallelism a token
+    with fewer local picks takes zero-weight ones, which add nothing). Each projection is written as a
+    product and a sum over the indexed weights, which Inductor fuses into one loop that reads each pair's
+    expert weights in place: a batch-1 decode step of gpt-oss reads 2 of 8 experts where the reference's
+    batched matmuls read all 8. Products are summed in FP32 and rounded to the input's dtype once per
+    projection, as a matmul does.
+    """
+    tokens, dtype = x.shape[0], x.dtype
+    weights, experts = combine.topk(top_k, dim=1)
+    pairs = experts.reshape(-1)
+    rows = x.repeat_interleave(top_k, dim=0)  # pair p is token p // top_k
+    h = (rows.float()[:, :, None] * gate_up[pairs].float()).sum(1).to(dtype)
+    if gate_up_bias is not None:
+        h = h + gate_up_bias[pairs]
+    a = expert_activation(h, act, alpha, limit)
+    out = (a.float()[:, :, None] * down[pairs].float()).sum(1).to(dtype)
+    if down_bias is not None:
+        out = out + down_bias[pairs]
+    weighted = out.float().view(tokens, top_k, -1) * weights.float()[..., None]
+    return weighted.sum(1).to(dtype)
+
+
 def experts_ffn(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -66,8 +111,15 @@ def experts_ffn(
     down_bias: torch.Tensor | None = None,
     alpha: float = 1.702,
     limit: float = 7.0,
+    top_k: int | None = None,
 ) -> torch.Tensor:
     """``ops.experts_ffn``'s signature and result, token-sparse."""
+    kwargs = dict(act=act, gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
+    if torch.compiler.is_compiling():
+        # Graph capture: static shapes only.
+        if top_k is not None and gathers_experts(x.shape[0], top_k, combine.shape[1]):
+            return gathered_experts_ffn(x, gate_up, down, combine, top_k=top_k, **kwargs)
+        return moe_ops.experts_ffn.reference(x, gate_up, down, combine, **kwargs)
     # nonzero lists indices in row-major order, so the pairs of ``combine.T`` come sorted by expert.
     experts, tokens = combine.t().nonzero(as_tuple=True)
     groups = ExpertGroups.from_experts(experts, combine.shape[1])
@@ -83,4 +135,4 @@ def _fake(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-register_cpu("moe_experts", experts_ffn, fake=_fake)
+register_cpu("moe_experts", experts_ffn, fake=_fake, in_graphs=True)

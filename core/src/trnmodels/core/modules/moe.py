@@ -265,5 +265,6 @@ class MoEExperts(nn.Module):
             down_bias=down_bias,
             alpha=self.alpha,
             limit=self.limit,
+            top_k=experts.shape[1],
         )
         return self.world.all_reduce(partial)

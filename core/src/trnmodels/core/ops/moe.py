@@ -75,11 +75,15 @@ def experts_ffn(
     down_bias: torch.Tensor | None = None,
     alpha: float = 1.702,
     limit: float = 7.0,
+    top_k: int | None = None,
 ) -> torch.Tensor:
     """Σ_e combine[t, e] · FFN_e(x_t) for ``x [T, H]``, ``gate_up [E, H, 2I]``, ``down [E, I, H]``.
 
     ``act="swiglu_clamped"`` is gpt-oss's layout: gate and up interleaved in the ``2I`` columns, clamped
     SwiGLU. Other activations (``silu``, ``gelu_tanh``) take ``[gate | up]`` halves.
+
+    ``top_k`` is how many experts each token chose, at most (the non-zero entries in a row of
+    ``combine``): it lets a kernel run only those with static shapes. The reference ignores it.
 
     This reference runs every expert on every token (static shapes, for graph capture on any backend);
     the CPU kernel (``trnmodels.core.cpu.moe``) runs each expert on its chosen tokens only.
