@@ -56,11 +56,11 @@ def grouped_matmul(
     return out if bias is None else out + bias[groups.experts]
 
 
-def gathers_experts(tokens: int, top_k: int | None, num_experts: int) -> bool:
+def gathers_experts(tokens: int, top_k: int, num_experts: int) -> bool:
     """Whether a captured graph of ``tokens`` rows runs ``gathered_experts_ffn``: while the (token, expert)
     pairs are no more than the local experts, gathering reads fewer weights (one expert's per pair) than
     the reference's batched matmuls (every expert once)."""
-    return top_k is not None and tokens * top_k <= num_experts
+    return tokens * top_k <= num_experts
 
 
 def gathered_experts_ffn(
@@ -114,9 +114,9 @@ def experts_ffn(
     top_k: int | None = None,
 ) -> torch.Tensor:
     """``ops.experts_ffn``'s signature and result, token-sparse."""
-    kwargs = dict(act=act, gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
     if torch.compiler.is_compiling():
         # Graph capture: static shapes only.
+        kwargs = dict(act=act, gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
         if top_k is not None and gathers_experts(x.shape[0], top_k, combine.shape[1]):
             return gathered_experts_ffn(x, gate_up, down, combine, top_k=top_k, **kwargs)
         return moe_ops.experts_ffn.reference(x, gate_up, down, combine, **kwargs)
