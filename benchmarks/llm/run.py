@@ -172,6 +172,7 @@ def run_benchmark(
         try:
             log("memory bandwidth")
             results["bandwidth_bytes_per_s"] = measure.memory_bandwidth(settings.bandwidth_bytes)
+            results["read_bandwidth_bytes_per_s"] = measure.read_bandwidth(settings.bandwidth_bytes)
             results["workloads"] = [
                 _run_workload(model, workload, settings, Path(tmp) / workload, log) for workload in chosen
             ]

@@ -150,6 +150,25 @@ def test_memory_bandwidth_counts_the_bytes_read_and_written(monkeypatch: pytest.
     assert measure.memory_bandwidth(8 << 20, repeats=3) == pytest.approx(2 * (8 << 20) / 0.002)
 
 
+def test_read_bandwidth_counts_the_bytes_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    times = iter([0.004, 0.001, 0.003])
+    monkeypatch.setattr(measure, "timed", lambda fn: next(times))
+    # 8 MiB of float32 summed: 8 MiB read in the best time, 1 ms.
+    assert measure.read_bandwidth(8 << 20, repeats=3) == pytest.approx((8 << 20) / 0.001)
+
+
+def test_the_page_sets_the_step_against_a_read_only_stream_too() -> None:
+    r = _results()
+    r["read_bandwidth_bytes_per_s"] = 30e9
+    page = report.markdown(r, chart="toy.png")
+    assert "read only: 30.0 GB/s" in page
+    # 300 MB a step: a 100.0 tok/s read-only roofline; 60 tok/s compiled read 18.0 GB/s, 60% of it.
+    assert "30.0 GB/s here (the copy: 24.0)" in page and "bandwidth (100.0 tok/s)" in page
+    assert "(60.0 tok/s, 18.0 GB/s of weights) is at 60%" in page
+    # A run from before the read-only probe still renders.
+    assert "read only" not in report.markdown(_results(), chart="toy.png")
+
+
 SMOLLM2 = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -362,6 +381,14 @@ def test_case_memory_splits_the_model_from_the_pass() -> None:
     assert 24 << 20 < memory["pass_added"] < 64 << 20
     assert memory["peak_added"] >= memory["build_added"] + memory["pass_added"] - (4 << 20)
     assert memory["process_peak"] >= memory["baseline_rss"] + memory["peak_added"]
+
+
+@linux_only
+def test_case_memory_does_not_count_the_library_code_a_pass_calls_first() -> None:
+    memory = fresh_process_probe("case_memory_of_first_calls_on_a_tiny_tensor")
+    assert memory["library_code"] > 64 << 20  # torch's own code, made resident before the pass
+    assert memory["library_code_again"] < 1 << 20
+    assert memory["pass_added"] < 1 << 20  # a 256-float tensor's ops: no memory to speak of
 
 
 def test_run_in_fresh_process_returns_the_result_and_raises_the_error() -> None:

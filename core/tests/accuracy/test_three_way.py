@@ -9,7 +9,7 @@ from trnmodels.core.accuracy import (
     bhattacharyya,
     compare_three_way,
 )
-from trnmodels.core.accuracy.three_way import BC_MIN, histogram_bins
+from trnmodels.core.accuracy.three_way import BC_MIN, distinct_rows, histogram_bins
 
 F64 = torch.float64
 
@@ -143,3 +143,45 @@ def test_histogram_bins_keep_two_samples_of_one_distribution_above_bc_min(numel)
         shortfalls.append(1 - bhattacharyya(a, b, 64))
     if numel == 1024:
         assert sum(shortfalls) / len(shortfalls) > 1 - BC_MIN
+
+
+def test_distinct_rows_drops_repeats_within_fp32_rounding():
+    a, b, c = torch.tensor([1.0, -2.0]), torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.001])
+    eps = torch.finfo(torch.float32).eps
+    # A repeat reached at another position differs by a few eps of the gold's max-abs (2 here).
+    gold = torch.stack([a, b, a + 4 * eps, c, b - 8 * eps, c])
+    assert distinct_rows(gold).tolist() == [0, 1, 3]
+    assert distinct_rows(gold[:1]).tolist() == [0]
+    assert distinct_rows(gold[:0]).tolist() == []
+    with pytest.raises(ValueError, match="no rows"):
+        distinct_rows(torch.tensor(1.0))
+
+
+def _looping_logits(repeats: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target, gold, base): 16 distinct rows, then row 0 again ``repeats`` times (a greedy loop). The
+    target's rounding is the base's elsewhere but twice as large on row 0, a single row's luck."""
+    g = torch.Generator().manual_seed(0)
+    distinct = torch.randn(16, 256, generator=g, dtype=F64)
+    gold = torch.cat([distinct, distinct[:1].expand(repeats, -1)])
+    base_err = 1e-3 * torch.randn(16, 256, generator=g, dtype=F64)
+    target_err = base_err[torch.randperm(16, generator=g)]
+    target_err[0] *= 2
+    base = gold + torch.cat([base_err, base_err[:1].expand(repeats, -1)])
+    target = gold + torch.cat([target_err, target_err[:1].expand(repeats, -1)])
+    return target, gold, base
+
+
+def test_rows_sample_each_distinct_state_once_for_sigma_and_bc():
+    target, gold, base = _looping_logits(repeats=48)
+    # Counted 49 times, row 0's unlucky rounding is most of the sample: the target's spread is larger.
+    every = compare_three_way(target, gold, base, bins=histogram_bins(gold.numel()))
+    assert every.sigma_ratio > 1.3 and every.bc < BC_MIN and not every.passed
+    rows = distinct_rows(gold)
+    assert rows.tolist() == list(range(16))
+    r = compare_three_way(target, gold, base, rows=rows, bins=histogram_bins(16 * 256))
+    assert r.passed and (r.rows, r.rows_sampled) == (64, 16)
+    assert "sigma and bc over the 16 distinct of 64 rows" in str(r)
+    # The worst case and the total still cover every row: an error at a repeat fails the comparison.
+    target[40] = gold[40] + 100 * (base[40] - gold[40])
+    bad = compare_three_way(target, gold, base, rows=rows, bins=histogram_bins(16 * 256))
+    assert bad.linf_ratio > 5 and not bad.passed

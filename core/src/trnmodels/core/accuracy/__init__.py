@@ -22,7 +22,13 @@ from .logits import (
 )
 from .modules import assert_module_bf16_three_way, load_from_hf_module
 from .tasks import TaskReport, task_accuracy
-from .three_way import ThreeWayReport, assert_close_three_way, bhattacharyya, compare_three_way
+from .three_way import (
+    ThreeWayReport,
+    assert_close_three_way,
+    bhattacharyya,
+    compare_three_way,
+    distinct_rows,
+)
 from .validate import ValidationReport, validate_checkpoint
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "compare_teacher_forced_logits",
     "compare_three_way",
     "cosine_similarity",
+    "distinct_rows",
     "greedy_teacher_sequence",
     "hf_kv_cache",
     "hf_logits",

@@ -14,8 +14,10 @@ import dataclasses
 import importlib
 import re
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -141,9 +143,58 @@ def _user_frames(error: BaseException) -> str:
     return "; ".join(mine[-3:]) or "(no source line reported)"
 
 
+_SIDE_EFFECT_SOURCE = re.compile(r"L\['self'\]((?:\._modules\['[^']+'\])+)")
+_TREESPEC_DEPRECATION = "`isinstance(treespec, LeafSpec)` is deprecated"
+
+
+def _expected_warning(message: Warning, step: torch.nn.Module) -> bool:
+    """A warning capture always raises for a correct step: each is named here with why it is harmless.
+
+    - Export's "side effects" warning, when every source it names is a ``PagedAttention``: a step binds
+      the caches it is passed to its attention layers, and binding them is what the graph is for. A side
+      effect anywhere else (a module that stores state in ``forward``) is still shown.
+    - torch's own pytree deprecation, raised inside torch when it copies a spec, not by our code.
+    """
+    from ..attention import PagedAttention
+
+    text = str(message)
+    if isinstance(message, FutureWarning):
+        return _TREESPEC_DEPRECATION in text
+    if not (isinstance(message, UserWarning) and "side effects happened" in text):
+        return False
+    sources = _SIDE_EFFECT_SOURCE.findall(text)
+    if not sources:
+        return False
+    for path in sources:
+        module: Any = step
+        names = re.findall(r"\['([^']+)'\]", path)
+        # Export wraps the step in a module whose ``_export_root`` is the step.
+        for child in names[1:] if names and names[0] == "_export_root" else names:
+            module = module._modules.get(child) if isinstance(module, torch.nn.Module) else None
+        if not isinstance(module, PagedAttention):
+            return False
+    return True
+
+
+@contextmanager
+def _expected_warnings_hidden(step: torch.nn.Module) -> Iterator[None]:
+    """Show every warning raised inside except the expected ones (``_expected_warning``)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        # Outside the recording context, so they reach the caller's filters (also when capture failed).
+        for w in caught:
+            if not _expected_warning(w.message, step):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def capture(step: torch.nn.Module, args: tuple[torch.Tensor, ...], name: str) -> torch.export.ExportedProgram:
     try:
-        return torch.export.export(step, args, strict=True)
+        with _expected_warnings_hidden(step):
+            return torch.export.export(step, args, strict=True)
     except Exception as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CompileError(
@@ -198,7 +249,8 @@ def compile_module(step: torch.nn.Module, args: tuple[torch.Tensor, ...], path: 
     try:
         # A copy: AOTInductor adds its own entries to the dict it is given, which would change keys.
         flags = dict(COMPILER_FLAGS)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=flags)
+        with _expected_warnings_hidden(step):
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=flags)
     except Exception as e:
         raise CompileError(f"{name}: AOTInductor failed: {e}") from e
 

@@ -1,5 +1,5 @@
-"""Linear layers on the CPU: one-row FP32 calls through oneDNN, a few rows against a large weight as a
-swapped SGEMM, and BF16 computed in FP32 where that is faster.
+"""Linear layers on the CPU: one-row FP32 calls through oneDNN (in captured graphs, a reduction Inductor
+fuses), a few rows against a large weight as a swapped SGEMM, and BF16 computed in FP32 where faster.
 
 FP32: ``F.linear`` runs MKL's SGEMM, which packs the weight into its own blocked layout on every call.
 With one row (a batch-1 decode step) the packing is most of the call. oneDNN's inner product
@@ -30,7 +30,14 @@ So weights of ``SWAP_MIN_WEIGHT`` elements or more (8 MB in FP32, past this CPU'
 lose at 8 rows) swap from 2 to ``SWAP_MAX_ROWS`` rows (at 64 the LM head breaks even, from 128 it loses).
 
 The call is static (no branch on values; the row count is part of a graph's static shape), so graph
-capture for the CPU takes it too: the compiled batch-1 decode graphs run the same inner product. Under
+capture for the CPU takes it too. A captured one-row call is not oneDNN's, though: it is a product and a
+sum, ``(x.unsqueeze(-2) * weight).sum(-1)``, which Inductor fuses into one vectorised reduction over each
+weight row, parallel over the rows, streaming the weight once with nothing materialised. It reads the
+weight faster than oneDNN's inner product (median GB/s of FP32 weight read, 2 threads, oneDNN →
+Inductor: 32000 × 768, 29.7 → 34.0; 4096 × 768, 23.6 → 30.4; 768 × 2048, 23.1 → 31.1; 1536 × 768,
+30.0 → 33.5), and its error against a float64 truth was at or below oneDNN's at each of those shapes
+and SmolLM2's (max 2.0e-5 against 2.5e-5 on the LM head; SGEMM's 3.6e-5). On the llama3 bench config
+(FP32), the compiled batch-1 decode went from 87.0 to 109.3 tok/s, A/B in one process. Under
 vLLM's compile the row count is symbolic, so there the choice is made when the call runs (the custom op
 ``trnmodels::linear``, see ``ops.dispatch``). oneDNN
 has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing either
@@ -138,12 +145,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype != torch.float32:
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     if onednn_runs(x, weight, bias):
+        if torch.compiler.is_compiling():
+            return _one_row_reduction(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if swap_pays(x, weight, bias):
         rows = x.reshape(-1, x.shape[-1]).mT
         out = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)
         return out.mT.contiguous().view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def _one_row_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One row in a captured graph: a product and a sum, which Inductor fuses into one vectorised
+    reduction that streams the weight once (see the module's notes on one-row calls in graphs)."""
+    out = (x.unsqueeze(-2) * weight).sum(-1)
+    return out if bias is None else out + bias
 
 
 def _run_packed(
