@@ -166,11 +166,13 @@ def _expected_warning(message: Warning, step: torch.nn.Module) -> bool:
     if not sources:
         return False
     for path in sources:
-        module: Any = step
         names = re.findall(r"\['([^']+)'\]", path)
         # Export wraps the step in a module whose ``_export_root`` is the step.
-        for child in names[1:] if names and names[0] == "_export_root" else names:
-            module = module._modules.get(child) if isinstance(module, torch.nn.Module) else None
+        target = ".".join(names[1:] if names[:1] == ["_export_root"] else names)
+        try:
+            module = step.get_submodule(target)
+        except AttributeError:
+            return False
         if not isinstance(module, PagedAttention):
             return False
     return True
