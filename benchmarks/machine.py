@@ -48,3 +48,38 @@ def machine_info(packages: Sequence[str] = ("torch", "transformers", "safetensor
         # Other processes share the cores: the 1, 5 and 15 minute load averages when the run starts.
         "load_average_start": os.getloadavg(),
     }
+
+
+# A CPU-bound loop that touches no memory to speak of: what it loses beside a copy of itself is the
+# share of the cores the machine gives two processes at once, not cache or bandwidth.
+_SPIN = (
+    "import time\nt = time.perf_counter()\ns = 0\nfor i in range({n}): s += i\nprint(time.perf_counter() - t)"
+)
+
+
+def side_by_side_slowdown(copies: int = 2, iterations: int = 20_000_000, repeats: int = 3) -> dict[str, Any]:
+    """How much longer a CPU-bound process takes while ``copies`` run at once than alone: the medians of
+    ``repeats`` rounds, each timing one copy alone, then ``copies`` together (every copy's time counts).
+    ``copies`` over the ratio caps the speed-up of any ``copies``-way parallel work on this machine now."""
+    import statistics
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _SPIN.format(n=iterations)]
+
+    def together(n: int) -> list[float]:
+        procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+        return [float(p.communicate()[0]) for p in procs]
+
+    alone, shared = [], []
+    for _ in range(repeats):
+        alone += together(1)
+        shared += together(copies)
+    ratio = statistics.median(shared) / statistics.median(alone)
+    return {
+        "copies": copies,
+        "alone_seconds": statistics.median(alone),
+        "together_seconds": statistics.median(shared),
+        "slowdown": ratio,
+        "speedup_ceiling": copies / ratio,
+    }

@@ -172,17 +172,32 @@ def projection_floor(model: torch.nn.Module, step: Callable[[], Any]) -> dict[st
     FLOPs (2 x rows x in x out), the sum of their times on SGEMM (``seconds``: what no implementation
     doing the same FP32 arithmetic on the GEMM both models use can beat) and on oneDNN
     (``onednn_seconds``), each distinct shape timed by ``time_linear``, and the largest ratio of
-    oneDNN's error to SGEMM's over those shapes."""
+    oneDNN's error to SGEMM's over those shapes; and the matmul FLOPs of the step's attention
+    (``attention_flops``: QKᵀ and PV of every ``F.scaled_dot_product_attention`` call)."""
     shapes: list[tuple[int, int, int]] = []
+    attention: list[int] = []
 
     def record(module: torch.nn.Module, args: tuple[Any, ...], _out: Any) -> None:
         shapes.append((args[0].numel() // module.in_features, module.in_features, module.out_features))
 
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted_sdpa(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
+        # torch's own parameter names: diffusers passes them by keyword. Every query head of every batch
+        # row: 2 FLOPs per multiply-add, Lq x Lk x (Dqk + Dv) of them.
+        q, k, v = query.shape, key.shape, value.shape
+        attention.append(2 * q[:-2].numel() * q[-2] * k[-2] * (q[-1] + v[-1]))
+        return sdpa(query, key, value, *args, **kwargs)
+
     hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    torch.nn.functional.scaled_dot_product_attention = counted_sdpa
     try:
         with torch.no_grad():
             step()
     finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
         for hook in hooks:
             hook.remove()
     figures = {shape: time_linear(*shape) for shape in set(shapes)}
@@ -190,6 +205,7 @@ def projection_floor(model: torch.nn.Module, step: Callable[[], Any]) -> dict[st
         "calls": len(shapes),
         "flops": sum(2 * r * i * o for r, i, o in shapes),
         "seconds": sum(figures[shape]["sgemm"] for shape in shapes),
+        "attention_flops": sum(attention),
     }
     if all("onednn" in f for f in figures.values()):
         floor["onednn_seconds"] = sum(figures[shape]["onednn"] for shape in shapes)
@@ -408,10 +424,31 @@ def _why_dit(report: dict[str, Any]) -> str:
         text += (
             f", leaving {need - floor:.1f} ms beyond the projections where ours spends {ours - floor:.1f} ms."
         )
-    if "onednn_seconds" in p:
+    # The attention's matmuls at the rate SGEMM reached on the projections: an estimate, not a timing.
+    attention = floor * p.get("attention_flops", 0) / p["flops"]
+    if attention:
         text += (
-            f" oneDNN's inner product would run the same projections in {1000 * p['onednn_seconds']:.1f} ms, "
-            f"but its largest error against a float64 truth was up to {p['onednn_error_ratio']:.1f}× "
+            f" The step's attention adds {p['attention_flops'] / 1e9:.2f} GFLOP of matmuls (QKᵀ and PV), "
+            f"about {attention:.1f} ms at that rate: the step's matmuls alone take about "
+            f"{floor + attention:.1f} ms"
+        )
+        if floor + attention > need:
+            text += f", more than the {need:.1f} ms 1.5× diffusers allows."
+        else:
+            text += f", leaving {need - floor - attention:.1f} ms for everything else."
+    if "onednn_seconds" in p:
+        onednn = 1000 * p["onednn_seconds"]
+        text += (
+            f" oneDNN's inner product would run the same projections in {onednn:.1f} ms "
+            f"({p['flops'] / p['onednn_seconds'] / 1e9:.0f} GFLOP/s)"
+        )
+        if attention and onednn * (1 + attention / floor) > need:
+            text += (
+                f", and the step's matmuls at its rate in about {onednn * (1 + attention / floor):.1f} ms, "
+                "still more than 1.5× allows"
+            )
+        text += (
+            f"; its largest error against a float64 truth was up to {p['onednn_error_ratio']:.1f}× "
             "SGEMM's on these shapes (it sums in a coarser order), so core keeps FP32 calls of more than "
             "one row on SGEMM: no accuracy is traded for speed (`trnmodels/core/cpu/linear.py`)."
         )

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.runner.config import RunnerConfig
 
-from ..machine import proc_bytes
+from ..machine import proc_bytes, side_by_side_slowdown
 
 # Sized so every bucket is used and nothing else is compiled: prefill of up to 256 flat tokens, decode
 # at batch 1 and 8 with contexts up to 256.
@@ -421,12 +421,14 @@ def throughput(
     batches: Mapping[str, list[list[int]]],
     new_tokens: int,
     repeats: int,
+    between_rounds: Callable[[], object] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per system: prefill tok/s of one prompt, and decode tok/s per batch, i.e. ``batch * (N - 1)``
     tokens over the time to generate N tokens minus the time to generate 1 (the prefill's token).
 
     One warm-up each, then medians over ``repeats``; the systems take turns within every repeat, so a
-    change in machine load hits all of them alike.
+    change in machine load hits all of them alike. ``between_rounds`` runs after every repeat (a
+    measurement that must see the same machine as the rounds, such as the bandwidth a roofline uses).
     """
     for generate in systems.values():
         generate([prefill_prompt], 1)
@@ -439,6 +441,8 @@ def throughput(
             for batch, prompts in batches.items():
                 for n in (1, new_tokens):
                     times[name, batch, n].append(timed(functools.partial(generate, prompts, n)))
+        if between_rounds:
+            between_rounds()
     med = {key: statistics.median(values) for key, values in times.items()}
     return {
         name: {"prefill": len(prefill_prompt) / med[name, "prefill", 1]}
@@ -568,10 +572,12 @@ def compile_cache_dir(work_dir: Path, jobs: int) -> str:
 def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repeats: int) -> dict[str, Any]:
     """A cold compile at each of ``jobs`` (each into its own empty caches, in a fresh process), a warm
     ``compile_all`` into the cache of the last (``compile_cache_dir``), and the CLI's start-up figures on
-    that cache."""
+    that cache; before the compiles, ``side_by_side_slowdown`` at the most jobs."""
     from trnmodels.core.compile import CompileTarget, compile_all
 
     cold = {}
+    # What this machine gives that many processes at once, measured just before they compile.
+    side_by_side = side_by_side_slowdown(max(jobs)) if max(jobs) > 1 else None
     for n in jobs:
         cache_dir = compile_cache_dir(work_dir, n)
         env = {"TORCHINDUCTOR_CACHE_DIR": str(work_dir / f"inductor-jobs{n}")}
@@ -586,6 +592,7 @@ def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repe
         "jobs": jobs[-1],
         "cold_seconds": last["seconds"],
         "cold_by_jobs": {str(n): c for n, c in cold.items()},
+        **({"side_by_side": side_by_side} if side_by_side else {}),
         "warm_seconds": warm_seconds,
         "graphs": [
             {"name": c["name"], "cold_seconds": c["seconds"], "cold": c["cache"], "warm": w.cache}

@@ -292,15 +292,32 @@ def _why_jobs(r: View) -> str:
     work = [alone[0] - setup, *alone[1:]]
     queues = best_schedule(work, workers)
     return (
-        f"Compiled one at a time the {len(alone)} graphs took {', '.join(f'{s:.1f}' for s in alone)} s; the "
-        f"first also paid the process's set-up, about {setup:.1f} s (its excess over the median of the "
-        f"others). With graphs as the unit of parallel work, {workers} workers can at best split the "
-        f"{sum(work):.1f} s of graph work into queues of {queues:.1f} s, each worker paying the set-up once: "
-        f"a speed-up of at most {(setup + sum(work)) / (setup + queues):.2f}× "
-        f"({sum(work) / queues:.2f}× with no set-up at all). Side by side they took "
-        f"{', '.join(f'{s:.1f}' for s in shared)} s each, and the run "
-        f"{by_jobs[many]['seconds']:.1f} s; each worker is also a fresh process that imports the stack before "
-        "its first graph starts."
+        f"Compiled one at a time the {len(alone)} graphs took {', '.join(f'{s:.1f}' for s in alone)} s, the "
+        f"run {by_jobs[few]['seconds']:.1f} s (the first graph also paid the process's one-time set-up, about "
+        f"{setup:.1f} s, its excess over the median of the others): 1.7× that speed is "
+        f"{by_jobs[few]['seconds'] / 1.7:.1f} s. With graphs as "
+        f"the unit of parallel work, {workers} compilers can at best split the {sum(work):.1f} s of graph "
+        f"work (the set-up left out) into queues of {queues:.1f} s: at most {sum(work) / queues:.2f}×. "
+        f"Side by side they took {', '.join(f'{s:.1f}' for s in shared)} s each, and the run "
+        f"{by_jobs[many]['seconds']:.1f} s. The compile's own process takes the first graph; a worker is a "
+        "fresh process that imports the stack before its first graph starts."
+        + _side_by_side_text(r["compile"].get("side_by_side"))
+    )
+
+
+def _side_by_side_text(figures: Mapping[str, Any] | None) -> str:
+    """The machine's own cap on a parallel speed-up, measured in the same run (``side_by_side_slowdown``)."""
+    if not figures:
+        return ""
+    text = (
+        f" In this run a CPU-bound loop took {figures['slowdown']:.2f}× as long with {figures['copies']} "
+        f"copies running at once as alone ({figures['together_seconds']:.2f} s against "
+        f"{figures['alone_seconds']:.2f} s)"
+    )
+    if figures["slowdown"] <= 1.0:
+        return text + ": each copy got a whole core, so the CPU share set no cap here."
+    return text + (
+        f": this machine caps any {figures['copies']}-way parallel work at {figures['speedup_ceiling']:.2f}× now."
     )
 
 
@@ -649,10 +666,16 @@ def _workload_lines(v: View) -> list[str]:
         if ex
         else ""
     )
+    rounds = v.get("bandwidth_in_rounds")
+    where = (
+        f" (the copy, the median of its {rounds} measurements between the throughput rounds)"
+        if rounds
+        else ""
+    )
     roof = (
         f"A decode step at batch 1 reads {_mb(step_bytes(v))} of weights (every parameter but the input "
         f"embedding, of which it reads one row per token{chosen}), so the batch-1 roofline is "
-        f"{v['bandwidth_bytes_per_s'] / GB:.1f} GB/s ÷ {_mb(step_bytes(v))} = {roofline(v):.1f} tok/s."
+        f"{v['bandwidth_bytes_per_s'] / GB:.1f} GB/s{where} ÷ {_mb(step_bytes(v))} = {roofline(v):.1f} tok/s."
     )
     read = v.get("read_bandwidth_bytes_per_s")
     if read:
@@ -721,12 +744,17 @@ def markdown(r: Results, chart: str | None = None) -> str:
         f"run's own); load average (1/5/15 min) {_loads(m['load_average_start'])} at the start, "
         f"{_loads(m['load_average_end'])} at the end. Figures that are compared take turns within every "
         "repeat, so such competition hits both sides of a ratio alike.\n"
-        f"- Memory bandwidth, measured in this run: {r['bandwidth_bytes_per_s'] / GB:.1f} GB/s "
+        f"- Memory bandwidth, measured at the start of this run: {r['bandwidth_bytes_per_s'] / GB:.1f} GB/s "
         f"(`dst.copy_(src)` of {s['bandwidth_bytes'] / 2**30:.0f} GiB float32, bytes read + written, best of 5)"
         + (
             f"; read only: {r['read_bandwidth_bytes_per_s'] / GB:.1f} GB/s (`src.sum()` of the same, bytes "
             "read, best of 5)"
             if r.get("read_bandwidth_bytes_per_s")
+            else ""
+        )
+        + (
+            "; a roofline uses the same streams measured between its workload's throughput rounds (below)"
+            if any("bandwidth_in_rounds" in w for w in r["workloads"])
             else ""
         ),
         *workload_section,

@@ -12,6 +12,7 @@ rows in the same tables.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -99,10 +100,23 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
             "ours_compiled": measure.runner_generate(Runner(model, BENCH_RUNNER, graphs=graphs)),
             "hf": measure.hf_generate(hf, checkpoint["pad_token_id"]),
         }
-        figures = measure.throughput(systems, *_prompts(checkpoint, settings))
+        # The roofline's bandwidth is measured between the rounds: this shared VM's speed drifts over a
+        # run, and a step is compared with the bandwidth of the same minutes.
+        streams: dict[str, list[float]] = {"bandwidth_bytes_per_s": [], "read_bandwidth_bytes_per_s": []}
+
+        def measure_streams() -> None:
+            streams["bandwidth_bytes_per_s"].append(measure.memory_bandwidth(settings.bandwidth_bytes))
+            streams["read_bandwidth_bytes_per_s"].append(measure.read_bandwidth(settings.bandwidth_bytes))
+
+        figures = measure.throughput(systems, *_prompts(checkpoint, settings), between_rounds=measure_streams)
     finally:
         destroy_parallel_state()
-    return {"figures": figures, "graphs_load_seconds": load_seconds, "graphs_loaded": len(graphs)}
+    return {
+        "figures": figures,
+        "graphs_load_seconds": load_seconds,
+        "graphs_loaded": len(graphs),
+        "bandwidth": {name: statistics.median(values) for name, values in streams.items()},
+    }
 
 
 def _checkpoint(model: str, workload: str, work_dir: Path, log: _Log) -> dict[str, Any]:
@@ -145,6 +159,8 @@ def _run_workload(model: str, workload: str, settings: Settings, work_dir: Path,
         "loaded_graphs": figures["graphs_loaded"],
     }
     out["throughput"] = figures["figures"]
+    # The workload's own bandwidth figures (``views`` puts them over the run's, for its roofline).
+    out |= figures["bandwidth"] | {"bandwidth_in_rounds": settings.repeats}
     return out
 
 

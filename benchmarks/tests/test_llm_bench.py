@@ -62,6 +62,13 @@ def _bench_workload() -> dict:
                 "1": {"jobs": 1, "seconds": 150.0, "graphs": _graphs(60.0, 55.0, 35.0)},
                 "2": {"jobs": 2, "seconds": 100.0, "graphs": _graphs(70.0, 66.0, 40.0)},
             },
+            "side_by_side": {
+                "copies": 2,
+                "alone_seconds": 2.0,
+                "together_seconds": 2.5,
+                "slowdown": 1.25,
+                "speedup_ceiling": 1.6,
+            },
             "cli": {
                 "info": {"cpu_seconds": 3.0, "wall_seconds": 3.5},
                 "compile_warm": {"cpu_seconds": 3.3, "wall_seconds": 3.75},
@@ -307,8 +314,25 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
     assert "Ours took 50.6 ms per decode step at batch 8, HF 39.2 ms; 1.2× HF needs 32.7 ms." in page
     assert "attends over the whole context bucket" in page and "MoE section" not in page
     # Set-up 60 - median(55, 35) = 15 s; graph work 45, 55, 35 = 135 s in queues of at best 80 s (45 + 35 | 55).
-    assert "about 15.0 s" in page and "queues of 80.0 s" in page
-    assert "at most 1.58×" in page and "(1.69× with no set-up at all)" in page
+    assert "the run 150.0 s (the first graph also paid the process's one-time set-up, about 15.0 s" in page
+    assert "1.7× that speed is 88.2 s" in page
+    assert (
+        "split the 135.0 s of graph work (the set-up left out) into queues of 80.0 s: at most 1.69×" in page
+    )
+    assert (
+        "a CPU-bound loop took 1.25× as long with 2 copies running at once as alone (2.50 s against 2.00 s): "
+        "this machine caps any 2-way parallel work at 1.60× now." in page
+    )
+    r["workloads"][0]["compile"]["side_by_side"] |= {
+        "together_seconds": 1.9,
+        "slowdown": 0.95,
+        "speedup_ceiling": 2.1,
+    }
+    page = report.markdown(r, chart="toy.png")
+    assert (
+        "(1.90 s against 2.00 s): each copy got a whole core, so the CPU share set no cap here." in page
+        and "2.10×" not in page
+    )
     for text in [
         "3.00",
         "3.30",
@@ -418,6 +442,38 @@ def test_throughput_excludes_the_prefill() -> None:
     assert 0.5 * (2 / 0.004) < got["fast"]["decode_b2"] < 1.5 * (2 / 0.004)
     assert 0.5 * (2 / 0.008) < got["slow"]["decode_b2"] < 1.5 * (2 / 0.008)
     assert 0.5 * (64 / 0.02) < got["fast"]["prefill"] < 1.2 * (64 / 0.02)
+
+
+def test_throughput_runs_its_between_rounds_measurement_after_every_round() -> None:
+    calls: list[str] = []
+    systems = {"a": lambda prompts, n: calls.append("a"), "b": lambda prompts, n: calls.append("b")}
+    measure.throughput(
+        systems, [1], {"decode_b1": [[1]]}, 3, repeats=2, between_rounds=lambda: calls.append("|")
+    )
+    # Warm-up (prefill, one decode call each), then per round 3 calls each (prefill, 1 token, 3 tokens).
+    assert calls == ["a"] * 2 + ["b"] * 2 + (["a"] * 3 + ["b"] * 3 + ["|"]) * 2
+
+
+def test_a_workloads_bandwidth_from_its_rounds_sets_its_roofline() -> None:
+    r = _results()
+    r["workloads"][0] |= {
+        "bandwidth_bytes_per_s": 30e9,
+        "read_bandwidth_bytes_per_s": 36e9,
+        "bandwidth_in_rounds": 5,
+    }
+    view = report.views(r)[0]
+    assert report.roofline(view) == pytest.approx(100.0)  # 30 GB/s ÷ 300 MB, not the run's 24 GB/s
+    got = {t.key: t for t in report.targets(view)}
+    assert got["roofline_share"].value == pytest.approx(60 / 100)
+    page = report.markdown(r, chart="toy.png")
+    assert "measured at the start of this run: 24.0 GB/s" in page
+    assert "a roofline uses the same streams measured between its workload's throughput rounds" in page
+    assert (
+        "30.0 GB/s (the copy, the median of its 5 measurements between the throughput rounds) ÷ 300 MB"
+        in page
+    )
+    assert "36.0 GB/s here (the copy: 30.0)" in page
+    assert "between its workload's throughput rounds" not in report.markdown(_results(), chart="toy.png")
 
 
 def test_only_a_plugin_with_a_real_checkpoint_has_the_real_workload() -> None:

@@ -56,7 +56,10 @@ def add_compile_parser(sub: Any) -> None:
     )
     compile_.add_argument("checkpoint_dir", type=Path, help="a checkpoint (only config.json is read)")
     compile_.add_argument(
-        "--jobs", type=positive_int, default=1, help="graphs compiled in parallel processes"
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="graphs compiled at a time: this process and J-1 worker processes",
     )
     add_runtime_flags(compile_)
     compile_.set_defaults(run=cmd_compile, print_human=print_compile)

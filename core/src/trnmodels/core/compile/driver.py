@@ -16,7 +16,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -47,6 +47,7 @@ from ..runtime_config import NeuronConfig
 from .cache import ArtifactCache
 from .key import cache_key, source_digest
 from .manifest import Keys, manifest_digest, plugin_package, record_keys, recorded_keys
+from .schedule import share_queue
 
 COMPILER_FLAGS: dict[str, Any] = {
     "aot_inductor.package_constants_in_so": False,
@@ -287,7 +288,7 @@ def compile_all(
     specs: Iterable[GraphSpec] | None = None,
     on_result: Callable[[GraphResult], None] | None = None,
 ) -> list[GraphResult]:
-    """Compile every graph of the target; independent graphs compile in ``jobs`` worker processes.
+    """Compile every graph of the target, up to ``jobs`` at a time (this process and ``jobs - 1`` workers).
 
     Cache hits are answered here without starting a worker; results come back in ``specs`` order. When
     the manifest of an earlier compile of the same inputs finds every graph in the cache, nothing else
@@ -311,24 +312,49 @@ def compile_all(
     for result in results.values():
         if on_result:
             on_result(result)
-    if jobs <= 1 or len(misses) <= 1:
-        for spec, keyed in misses.items():
-            results[spec] = compile_graph(target, spec, cache_dir, keyed)
-            if on_result:
-                on_result(results[spec])
-    else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=get_context("spawn")) as pool:
-            futures = {
-                pool.submit(compile_graph, target, spec, cache_dir, keyed): spec
-                for spec, keyed in misses.items()
-            }
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if on_result:
-                    on_result(results[futures[future]])
+
+    def deliver(spec: GraphSpec, result: GraphResult) -> None:
+        results[spec] = result
+        if on_result:
+            on_result(result)
+
+    _compile_misses(target, cache_dir, misses, jobs, deliver)
     if digest and keys is not recorded:
         record_keys(cache, digest, keys)
     return [results[spec] for spec in specs]
+
+
+def _compile_misses(
+    target: CompileTarget,
+    cache_dir: str | None,
+    misses: Keys,
+    jobs: int,
+    deliver: Callable[[GraphSpec, GraphResult], None],
+) -> None:
+    """Compile ``misses`` in order, up to ``jobs`` at a time: this process and ``jobs - 1`` worker processes
+    sharing one queue (``share_queue``).
+
+    This process compiles too, and takes the first graph (a prefill graph, the largest) while the
+    workers import torch: with graphs as the unit of work (a handful per config), a worker's start is
+    on the critical path, and a queue shared by the compilers puts no graph behind a slow one.
+    """
+
+    def here(item: tuple[GraphSpec, tuple[str, dict[str, Any]]]) -> GraphResult:
+        return compile_graph(target, item[0], cache_dir, item[1])
+
+    def delivered(item: tuple[GraphSpec, tuple[str, dict[str, Any]]], result: GraphResult) -> None:
+        deliver(item[0], result)
+
+    workers = min(jobs, len(misses)) - 1
+    if workers < 1:
+        share_queue(misses.items(), [here], delivered)
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+
+        def in_worker(item: tuple[GraphSpec, tuple[str, dict[str, Any]]]) -> GraphResult:
+            return pool.submit(compile_graph, target, item[0], cache_dir, item[1]).result()
+
+        share_queue(misses.items(), [here, *[in_worker] * workers], delivered)
 
 
 def _hits(cache: ArtifactCache, keys: Keys) -> dict[GraphSpec, GraphResult]:
