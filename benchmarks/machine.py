@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import statistics
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,10 +64,6 @@ def side_by_side_slowdown(copies: int = 2, iterations: int = 20_000_000, repeats
     """How much longer a CPU-bound process takes while ``copies`` run at once than alone: the medians of
     ``repeats`` rounds, each timing one copy alone, then ``copies`` together (every copy's time counts).
     ``copies`` over the ratio caps the speed-up of any ``copies``-way parallel work on this machine now."""
-    import statistics
-    import subprocess
-    import sys
-
     command = [sys.executable, "-c", _SPIN.format(n=iterations)]
 
     def together(n: int) -> list[float]:

@@ -438,15 +438,13 @@ def _why_dit(report: dict[str, Any]) -> str:
             text += f", leaving {need - floor - attention:.1f} ms for everything else."
     if "onednn_seconds" in p:
         onednn = 1000 * p["onednn_seconds"]
+        onednn_matmuls = onednn * (1 + attention / floor)
         text += (
             f" oneDNN's inner product would run the same projections in {onednn:.1f} ms "
             f"({p['flops'] / p['onednn_seconds'] / 1e9:.0f} GFLOP/s)"
         )
-        if attention and onednn * (1 + attention / floor) > need:
-            text += (
-                f", and the step's matmuls at its rate in about {onednn * (1 + attention / floor):.1f} ms, "
-                "still more than 1.5× allows"
-            )
+        if attention and onednn_matmuls > need:
+            text += f", and the step's matmuls at its rate in about {onednn_matmuls:.1f} ms, still more than 1.5× allows"
         text += (
             f"; its largest error against a float64 truth was up to {p['onednn_error_ratio']:.1f}× "
             "SGEMM's on these shapes (it sums in a coarser order), so core keeps FP32 calls of more than "
