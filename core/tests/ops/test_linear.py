@@ -68,10 +68,10 @@ def test_fp32_several_rows_run_the_reference_sgemm(shape, bias):
     assert torch.equal(ops.linear(x, w, b), F.linear(x, w, b))
 
 
-def _large_call(rows: int, bias: bool = True):
+def _large_call(rows: int, bias: bool = True, elements: int = cpu_linear.SWAP_MIN_WEIGHT):
     """A weight of ``SWAP_MIN_WEIGHT`` elements: the size from which a few rows swap the operands."""
     g = torch.Generator().manual_seed(1)
-    n, k = 2048, cpu_linear.SWAP_MIN_WEIGHT // 2048
+    n, k = 2048, elements // 2048
     x = torch.randn(rows, k, generator=g)
     w = torch.randn(n, k, generator=g) / k**0.5
     return x, w, torch.randn(n, generator=g) if bias else None
@@ -90,6 +90,28 @@ def test_fp32_few_rows_against_a_large_weight_run_the_swapped_sgemm_within_fp32_
     assert ((got.double() - truth).abs() <= bound).all()
     # Not a coarser order than the reference's (as oneDNN's was): the same size of error.
     assert (got.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", range(2, cpu_linear.SWAP_FEW_ROWS + 1))
+def test_up_to_four_rows_swap_from_a_smaller_weight_within_fp32_rounding(rows, bias):
+    x, w, b = _large_call(rows, bias, elements=cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT)
+    assert w.numel() == cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT < cpu_linear.SWAP_MIN_WEIGHT
+    assert select_backend("linear", x, w, b) == "cpu"
+    got, reference, truth = ops.linear(x, w, b), F.linear(x, w, b), _truth(x, w, b)
+    bound = x.shape[-1] * 2**-24 * _truth(x.abs(), w.abs(), None if b is None else b.abs())
+    assert ((got.double() - truth).abs() <= bound).all()
+    assert (got.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max()
+
+
+@pytest.mark.parametrize("case", ["more-rows", "smaller-weight"])
+def test_the_smaller_weight_swaps_only_up_to_four_rows(case):
+    rows = cpu_linear.SWAP_FEW_ROWS + 1 if case == "more-rows" else cpu_linear.SWAP_FEW_ROWS
+    x, w, b = _large_call(rows, elements=cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT)
+    if case == "smaller-weight":
+        w, b = w[:-1], b[:-1]
+    assert not cpu_linear.swap_pays(x, w, b)
+    assert select_backend("linear", x, w, b) == "torch"
 
 
 @pytest.mark.parametrize("case", ["too-many-rows", "small-weight", "transposed-weight", "bf16"])
