@@ -1,5 +1,6 @@
 """The linear op and its CPU kernel: one-row FP32 calls through oneDNN, a few FP32 rows against a large
-weight as a swapped SGEMM, BF16 projections computed in FP32 on a CPU without BF16 arithmetic.
+weight as a swapped SGEMM, one row and five to eight rows in a captured graph as a reduction, BF16
+projections computed in FP32 on a CPU without BF16 arithmetic.
 
 The kernel is checked against a float64 ground truth of the same inputs: in FP32 it is within FP32
 rounding of it, as the reference is, and multi-row FP32 calls are an SGEMM like the reference's, its
@@ -203,48 +204,77 @@ class _Projection(torch.nn.Module):
         return ops.linear(x, w)
 
 
+_FEW = cpu_linear.SWAP_FEW_ROWS
+
+
 @pytest.mark.parametrize(
     ("rows", "dtype", "kernels", "expected", "absent"),
     [
         (1, torch.float32, "all", "aten.sum", "mkldnn"),
         (1, torch.float32, "none", "aten.linear", "mkldnn"),
-        (8, torch.float32, "all", "aten.linear", "mkldnn"),
-        ("large-8", torch.float32, "all", "aten.mm", "aten.linear"),
+        (_FEW + 1, torch.float32, "all", "inductor_force_stride_order", "aten.linear"),
+        (cpu_linear.REDUCTION_MAX_ROWS, torch.float32, "all", "aten.sum", "aten.linear"),
+        (cpu_linear.REDUCTION_MAX_ROWS, torch.float32, "none", "aten.linear", "aten.sum"),
+        (cpu_linear.REDUCTION_MAX_ROWS + 1, torch.float32, "all", "aten.linear", "aten.sum"),
+        (f"transposed-{cpu_linear.REDUCTION_MAX_ROWS}", torch.float32, "all", "aten.linear", "aten.sum"),
+        (f"large-{_FEW}", torch.float32, "all", "aten.mm", "aten.linear"),
+        (f"large-{cpu_linear.REDUCTION_MAX_ROWS}", torch.float32, "all", "aten.sum", "aten.mm"),
         (cpu_linear.MIN_ROWS, torch.bfloat16, "all", "aten.to.dtype", "mkldnn"),
         (cpu_linear.MIN_ROWS - 1, torch.bfloat16, "all", "aten.linear", "aten.to.dtype"),
     ],
-    ids=["fp32-one-row", "fp32-kernels-off", "fp32-rows", "fp32-swapped", "bf16-upcast", "bf16-few-rows"],
+    ids=[
+        "fp32-one-row",
+        "fp32-kernels-off",
+        "fp32-five-rows",
+        "fp32-eight-rows",
+        "fp32-eight-rows-kernels-off",
+        "fp32-nine-rows",
+        "fp32-eight-rows-transposed-weight",
+        "fp32-four-rows-swapped",
+        "fp32-eight-rows-large-weight",
+        "bf16-upcast",
+        "bf16-few-rows",
+    ],
 )
 def test_graph_capture_takes_the_kernel(
     no_bf16_hardware, monkeypatch, rows, dtype, kernels, expected, absent
 ):
-    """The kernel is static, so a CPU graph captures it: the same inner product as eager calls."""
+    """The kernel is static, so a CPU graph captures it: the same inner product as eager calls, or for
+    one row and five to eight FP32 rows a product and a sum (another order of the same sum)."""
     monkeypatch.setenv(CPU_KERNELS_ENV_VAR, kernels)
-    x, w, _ = _large_call(8) if rows == "large-8" else _call(rows, dtype)
+    if isinstance(rows, str) and rows.startswith("large-"):
+        x, w, _ = _large_call(int(rows.removeprefix("large-")))
+    elif isinstance(rows, str):  # a column-major weight: the reduction would read it across its rows
+        x, w, _ = _call(int(rows.removeprefix("transposed-")), dtype)
+        w = w.t().contiguous().t()
+    else:
+        x, w, _ = _call(rows, dtype)
     with torch.no_grad():
         program = torch.export.export(_Projection(), (x, w), strict=True)
     assert expected in str(program.graph) and absent not in str(program.graph)
     got = program.module()(x, w)
-    if rows == 1 and kernels == "all":
-        # One row in a graph is a product and a sum, not oneDNN's call: another order of the same sum.
+    if "aten.sum" in str(program.graph):
         assert ((got.double() - _truth(x, w, None)).abs() <= _fp32_bound(x, w, None)).all()
     else:
         torch.testing.assert_close(got, ops.linear(x, w), rtol=0, atol=0)
 
 
-class _BiasedProjection(torch.nn.Module):
-    def forward(self, x, w, b):
-        return ops.linear(x, w, b)
-
-
 @pytest.mark.parametrize("bias", [True, False])
-def test_fp32_one_row_compiled_by_inductor_is_within_fp32_rounding_of_the_truth(bias):
-    """Inductor fuses the graph's product and sum into one reduction over each weight row."""
+@pytest.mark.parametrize("rows", [1, _FEW + 1, cpu_linear.REDUCTION_MAX_ROWS])
+def test_the_graph_reduction_compiled_by_inductor_is_within_fp32_rounding_of_the_truth(rows, bias):
+    """Inductor compiles the kernel's product and sum (traced as our graph capture traces it, not through
+    the op's runtime custom op) into a reduction over each weight row: within FP32 rounding of the truth,
+    and no further from it than SGEMM."""
     g = torch.Generator().manual_seed(2)
-    x, w = torch.randn(1, 768, generator=g), torch.randn(2048, 768, generator=g) / 768**0.5
+    x, w = torch.randn(rows, 768, generator=g), torch.randn(2048, 768, generator=g) / 768**0.5
     b = torch.randn(2048, generator=g) if bias else None
-    compiled = torch.compile(_BiasedProjection(), fullgraph=True, dynamic=False)
+    compiled = torch.compile(cpu_linear.linear, fullgraph=True, dynamic=False)
     with torch.no_grad():
         got = compiled(x, w, b)
-    assert got.shape == (1, 2048)
-    assert ((got.double() - _truth(x, w, b)).abs() <= _fp32_bound(x, w, b)).all()
+    assert got.shape == (rows, 2048)
+    error, sgemm_error = (
+        (got.double() - _truth(x, w, b)).abs(),
+        (F.linear(x, w, b).double() - _truth(x, w, b)).abs(),
+    )
+    assert (error <= _fp32_bound(x, w, b)).all()
+    assert error.max() <= sgemm_error.max()

@@ -1,5 +1,6 @@
-"""Linear layers on the CPU: one-row FP32 calls through oneDNN (in captured graphs, a reduction Inductor
-fuses), a few rows against a large weight as a swapped SGEMM, and BF16 computed in FP32 where faster.
+"""Linear layers on the CPU: one-row FP32 calls through oneDNN, a few rows against a large weight as a
+swapped SGEMM (in captured graphs, one row and five to eight rows are reductions Inductor fuses), and BF16
+computed in FP32 where faster.
 
 FP32: ``F.linear`` runs MKL's SGEMM, which packs the weight into its own blocked layout on every call.
 With one row (a batch-1 decode step) the packing is most of the call. oneDNN's inner product
@@ -59,9 +60,34 @@ Inductor: 32000 × 768, 29.7 → 34.0; 4096 × 768, 23.6 → 30.4; 768 × 2048, 
 and SmolLM2's (max 2.0e-5 against 2.5e-5 on the LM head; SGEMM's 3.6e-5). On the llama3 bench config
 (FP32), the compiled batch-1 decode went from 87.0 to 109.3 tok/s, A/B in one process. Under
 vLLM's compile the row count is symbolic, so there the choice is made when the call runs (the custom op
-``trnmodels::linear``, see ``ops.dispatch``). oneDNN
-has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing either
-keep the reference or the path below.
+``trnmodels::linear``, see ``ops.dispatch``).
+
+A captured call of ``SWAP_FEW_ROWS + 1`` to ``REDUCTION_MAX_ROWS`` FP32 rows (a batch-8 decode step) is
+a reduction too, ``(weight.unsqueeze(1) * x).sum(-1)``: Inductor reads each weight row once, from memory,
+and sums it against every row of ``x`` from the caches. MKL's SGEMM of so few rows read a weight from
+memory at 5–10 GB/s, whichever operand it packed. First ``x`` is realised in a row-major buffer of its
+own (``inductor_force_stride_order``): without that Inductor fused the producer (a norm) into the
+reduction and laid the residual stream out transposed, and each layer's kernel took about 14.5 ms where
+it had taken 1.5. Median GB/s of FP32 weight read in a compiled norm-then-projection (2 threads, cold
+weights; SGEMM, swapped SGEMM → reduction):
+
+| weight (N × K) | 5 rows | 6 rows | 8 rows |
+|---|---|---|---|
+| 4096 × 768 | 7.4, 10.3 → 12.7 | 8.2, 13.2 → 17.2 | 6.3, 6.2 → 11.2 |
+| 768 × 2048 | 6.4, 10.0 → 14.9 | 9.5, 8.5 → 13.3 | 9.2, 7.8 → 10.8 |
+| 32000 × 768 | 4.8, 17.7 → 19.0 | 5.6, 13.5 → 17.8 | 6.5, 10.1 → 12.3 |
+| 1024 × 768 | 9.5, 13.7 → 15.5 | 9.4, 10.8 → 13.1 | 8.3, 6.3 → 8.9 |
+
+Its largest error against a float64 truth was about half SGEMM's at each of them (each output is one
+sequential sum over K in 16 lanes). It stays short of the copy bandwidth because that sum is one chain
+of dependent adds per output, eight per weight row at 8 rows. Compiled batch-8 decode, ms a step
+(medians of 3, old and new code taking turns in fresh processes, the same tokens): the llama3 bench
+config 43.7, 36.5, 42.4 → 27.7, 29.0, 30.2; SmolLM2-135M 73.6, 67.7, 72.8 → 48.1, 59.7, 56.7. At 2 and 4
+rows the swapped SGEMM was as fast in the model (llama3 bench, batch 2: 12.8, 12.6 → 9.9, 12.6 ms; batch
+4: 18.9, 20.7 → 21.8, 21.1), so those calls keep it.
+
+oneDNN has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing
+either keep the reference or the path below.
 
 BF16:
 
@@ -96,6 +122,8 @@ SWAP_MAX_ROWS = 32
 SWAP_MIN_WEIGHT = 2**21
 SWAP_FEW_ROWS = 4
 SWAP_FEW_ROWS_MIN_WEIGHT = 2**18
+# FP32 calls of SWAP_FEW_ROWS + 1..REDUCTION_MAX_ROWS rows in a captured graph are a reduction (the notes).
+REDUCTION_MAX_ROWS = 8
 
 
 # Read once at import: graph capture cannot trace torch's own queries, and the answers never change.
@@ -137,14 +165,26 @@ def _all_fp32(tensors: tuple[torch.Tensor, ...]) -> bool:
     return all(t.dtype == torch.float32 for t in tensors)
 
 
+def _records_gradient(tensors: tuple[torch.Tensor, ...]) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: one FP32 row, no gradient."""
     tensors = _operands(x, weight, bias)
+    return _ONEDNN and _rows(x) == 1 and _all_fp32(tensors) and not _records_gradient(tensors)
+
+
+def reduction_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether a captured graph computes ``F.linear(x, weight, bias)`` as a reduction: ``SWAP_FEW_ROWS + 1``
+    to ``REDUCTION_MAX_ROWS`` FP32 rows, a row-major weight (streamed row by row), no gradient."""
+    tensors = _operands(x, weight, bias)
     return (
-        _ONEDNN
-        and _rows(x) == 1
+        torch.compiler.is_compiling()
+        and weight.is_contiguous()
         and _all_fp32(tensors)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and not _records_gradient(tensors)
+        and SWAP_FEW_ROWS < _rows(x) <= REDUCTION_MAX_ROWS
     )
 
 
@@ -168,6 +208,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return _run_packed(gemm, x, weight, bias)
     if x.dtype != torch.float32:
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    if reduction_pays(x, weight, bias):
+        return _few_rows_reduction(x, weight, bias)
     if onednn_runs(x, weight, bias):
         if torch.compiler.is_compiling():
             return _one_row_reduction(x, weight, bias)
@@ -184,6 +226,19 @@ def _one_row_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     reduction that streams the weight once (see the module's notes on one-row calls in graphs)."""
     out = (x.unsqueeze(-2) * weight).sum(-1)
     return out if bias is None else out + bias
+
+
+def _few_rows_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A few rows in a captured graph: the product and sum with the weight's rows outermost, so Inductor's
+    reduction reads each weight row once for all the rows of ``x`` (see the module's notes)."""
+    from torch._inductor import inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
+
+    rows = x.reshape(-1, x.shape[-1])
+    # Its own row-major buffer: a fence Inductor's fusion does not cross (see the notes).
+    rows = torch.ops.prims.inductor_force_stride_order(rows, [rows.shape[-1], 1])
+    out = (weight.unsqueeze(1) * rows).sum(-1).mT.contiguous()
+    out = out if bias is None else out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _run_packed(
@@ -203,6 +258,7 @@ def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return (
         packed_gemm(weight) is not None
         or onednn_runs(x, weight, bias)
+        or reduction_pays(x, weight, bias)
         or swap_pays(x, weight, bias)
         or upcast_pays(x, weight, bias)
     )
