@@ -148,3 +148,25 @@ def test_runner_refuses_a_block_size_the_model_does_not_use(make_checkpoint):
     model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), load=False)
     with pytest.raises(ConfigError, match="block_size"):
         Runner(model, RunnerConfig(max_num_seqs=2, max_model_len=64, block_size=16))
+
+
+@pytest.mark.slow  # AOT compiles
+def test_compiled_graphs_of_eight_rows_match_eager(make_checkpoint, tmp_path):
+    """Eight rows in a graph (the prefill's sampled rows, a batch-8 decode step) take core's few-row
+    reduction for every projection and the LM head, where the eager steps run SGEMM: the same tokens.
+    (Its first form returned the LM head's logits transposed from the prefill graph.)"""
+    ckpt, _ = make_checkpoint(seed=6)
+    runner_cfg = RunnerConfig(
+        max_num_seqs=8, max_model_len=32, block_size=8, num_batched_tokens_buckets=(64,), num_seqs_buckets=(8,),
+        context_len_buckets=(32,),
+    )  # fmt: skip
+    target = CompileTarget(str(ckpt), runner_cfg)
+    cache = str(tmp_path / "cache")
+    compile_all(target, cache)
+    model = build_model(ckpt, target.neuron_config(), progress=False)
+    graphs = load_compiled_graphs(target, model, cache)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [1, 8, 2, 8], [4]]
+    params = SamplingParams(max_new_tokens=9, ignore_eos=True)
+    compiled = Runner(model, runner_cfg, graphs=graphs).generate(prompts, params)
+    eager = Runner(model, runner_cfg).generate(prompts, params)
+    assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]

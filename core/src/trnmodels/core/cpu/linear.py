@@ -78,6 +78,11 @@ weights; SGEMM, swapped SGEMM → reduction):
 | 32000 × 768 | 4.8, 17.7 → 19.0 | 5.6, 13.5 → 17.8 | 6.5, 10.1 → 12.3 |
 | 1024 × 768 | 9.5, 13.7 → 15.5 | 9.4, 10.8 → 13.1 | 8.3, 6.3 → 8.9 |
 
+The result comes back row-major through ``inductor_force_stride_order`` too, not ``.contiguous()``:
+in a prefill graph (its LM head runs on the 8 sampled rows) Inductor reused the [N, M] reduction's
+buffer for the row-major copy and copied it onto itself, so the logits came back transposed
+(``models/llama3/tests/test_generate.py`` compiles 8-row graphs against the eager steps).
+
 Its largest error against a float64 truth was about half SGEMM's at each of them (each output is one
 sequential sum over K in 16 lanes). It stays short of the copy bandwidth because that sum is one chain
 of dependent adds per output, eight per weight row at 8 rows. Compiled batch-8 decode, ms a step
@@ -236,7 +241,9 @@ def _few_rows_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     rows = x.reshape(-1, x.shape[-1])
     # Its own row-major buffer: a fence Inductor's fusion does not cross (see the notes).
     rows = torch.ops.prims.inductor_force_stride_order(rows, [rows.shape[-1], 1])
-    out = (weight.unsqueeze(1) * rows).sum(-1).mT.contiguous()
+    out = (weight.unsqueeze(1) * rows).sum(-1).mT
+    # Not ``.contiguous()``, which Inductor once turned into a copy of a buffer onto itself (the notes).
+    out = torch.ops.prims.inductor_force_stride_order(out, [out.shape[1], 1])
     out = out if bias is None else out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
