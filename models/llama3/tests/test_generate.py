@@ -71,13 +71,18 @@ def test_sampling_accepts_any_64_bit_seed_and_none(make_checkpoint):
     assert len({str(d) for d in draws.values()}) == 3
 
 
+def _one_bucket_runner(rows: int, tokens: int) -> RunnerConfig:
+    """A runner compiling two graphs: one prefill of ``tokens`` and one decode of ``rows`` sequences."""
+    return RunnerConfig(
+        max_num_seqs=rows, max_model_len=32, block_size=8, num_batched_tokens_buckets=(tokens,),
+        num_seqs_buckets=(rows,), context_len_buckets=(32,),
+    )  # fmt: skip
+
+
 @pytest.mark.slow  # AOT compiles
 def test_compiled_graphs_match_eager_and_a_second_compile_only_hits(make_checkpoint, tmp_path, monkeypatch):
     ckpt, _ = make_checkpoint(seed=5)
-    runner_cfg = RunnerConfig(
-        max_num_seqs=2, max_model_len=32, block_size=8, num_batched_tokens_buckets=(32,), num_seqs_buckets=(2,),
-        context_len_buckets=(32,),
-    )  # fmt: skip
+    runner_cfg = _one_bucket_runner(rows=2, tokens=32)
     target = CompileTarget(str(ckpt), runner_cfg)
     cache = str(tmp_path / "cache")
     cold = compile_all(target, cache, jobs=2)
@@ -156,10 +161,7 @@ def test_compiled_graphs_of_eight_rows_match_eager(make_checkpoint, tmp_path):
     reduction for every projection and the LM head, where the eager steps run SGEMM: the same tokens.
     (Its first form returned the LM head's logits transposed from the prefill graph.)"""
     ckpt, _ = make_checkpoint(seed=6)
-    runner_cfg = RunnerConfig(
-        max_num_seqs=8, max_model_len=32, block_size=8, num_batched_tokens_buckets=(64,), num_seqs_buckets=(8,),
-        context_len_buckets=(32,),
-    )  # fmt: skip
+    runner_cfg = _one_bucket_runner(rows=8, tokens=64)
     target = CompileTarget(str(ckpt), runner_cfg)
     cache = str(tmp_path / "cache")
     compile_all(target, cache)
