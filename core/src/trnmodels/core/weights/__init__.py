@@ -1,6 +1,7 @@
 """Weight loading from safetensors: lazy per-rank slices through explicit key mappings."""
 
 from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, StateDictCheckpoint
+from .huge_pages import huge_pages_supported, place_in_huge_pages
 from .load import (
     HF_FUSED_SOURCES,
     KeyDict,
@@ -40,11 +41,13 @@ __all__ = [
     "check_key_coverage",
     "concat_sharded",
     "fused_qkv",
+    "huge_pages_supported",
     "identity_keys",
     "kv_head_for_rank",
     "load_checkpoint_dir",
     "load_parameters",
     "padded_rows",
+    "place_in_huge_pages",
     "prefixed",
     "replicated",
     "rows_loader",
