@@ -777,8 +777,7 @@ def markdown(r: Results, chart: str | None = None) -> str:
     parts += [
         "## Weight loading",
         f"Each measurement runs in a fresh process; figures are medians over {vs[0]['loading']['repeats']} "
-        "processes. Ours builds the model with `build_model(..., load=False)` (its parameters placed in one "
-        "mapping advised for huge pages, none of it written yet: `weights.huge_pages`) and times only "
+        "processes. Ours builds the model with `build_model(..., load=False)` and times only "
         f"`model.load_weights`; {_tp_ranks(vs)} (`run_on_ranks`, one thread each) load at the same "
         "time and each reports its own time, bytes (its shard) and peak RSS. The plain read is "
         '`safetensors.torch.load_file(shard, backend="pread")` of every shard (the default mmap backend reads '
@@ -797,9 +796,8 @@ def markdown(r: Results, chart: str | None = None) -> str:
         f"prompts have {s['decode_prompt_len']} down to {s['decode_prompt_len'] - 2 * (s['batch'] - 1)} "
         "tokens (HF left-pads them). Ours: `Runner.generate` with `ignore_eos`, eager or with the AOTInductor "
         "graphs from `compile_all` + `load_compiled_graphs`; every decode step runs at the context bucket "
-        f"{rc['context_len_buckets'][-1]} (static shapes); `build_model` places its weights in transparent huge "
-        "pages (`weights.huge_pages`). HF: `AutoModelForCausalLM.from_pretrained` + greedy `generate` with "
-        "`min_new_tokens = max_new_tokens`, its weights in torch's own allocations. One warm-up, then the median of "
+        f"{rc['context_len_buckets'][-1]} (static shapes). HF: `AutoModelForCausalLM.from_pretrained` + "
+        "greedy `generate` with `min_new_tokens = max_new_tokens`. One warm-up, then the median of "
         f"{s['repeats']} timings.",
         throughput_table(r),
         *(part for v in vs for part in moe_section(v)),

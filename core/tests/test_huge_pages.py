@@ -1,5 +1,6 @@
 """``place_in_huge_pages``: a built model's parameters move into one 2 MiB-aligned mapping advised for
-huge pages, keeping their shapes, strides and sharing, and ``build_model`` loads the checkpoint into it."""
+huge pages, keeping their shapes, strides and sharing, and ``build_model`` loads the checkpoint into it
+when ``TRNMODELS_HUGE_PAGES=1`` asks."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 from trnmodels.core.causal_lm import build_model, resolve_checkpoint
+from trnmodels.core.errors import ConfigError
 from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
 from trnmodels.core.runtime_config import NeuronConfig
 from trnmodels.core.weights import huge_pages_supported, place_in_huge_pages
-from trnmodels.core.weights.huge_pages import HUGE_PAGE
+from trnmodels.core.weights.huge_pages import HUGE_PAGE, HUGE_PAGES_ENV_VAR, huge_pages_requested
 
-pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="madvise(MADV_HUGEPAGE) is Linux-only")
+linux_only = pytest.mark.skipif(not huge_pages_supported(), reason="madvise(MADV_HUGEPAGE) is Linux-only")
 
 
 class Shapes(nn.Module):
@@ -38,6 +40,7 @@ def _layout(module: nn.Module) -> dict[str, tuple]:
     return {n: (p.shape, p.stride(), p.dtype, p.requires_grad) for n, p in module.named_parameters()}
 
 
+@linux_only
 def test_parameters_keep_shapes_strides_and_sharing_in_one_aligned_mapping():
     module = Shapes()
     before, tail_after_head = _layout(module), module.tail.data_ptr() - module.head.data_ptr()
@@ -74,6 +77,7 @@ def _anon_huge_kb(address: int) -> int:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+@linux_only
 def test_written_parameters_are_backed_by_huge_pages():
     setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not setting.exists() or "[never]" in setting.read_text():
@@ -85,7 +89,9 @@ def test_written_parameters_are_backed_by_huge_pages():
     assert _anon_huge_kb(module.weight.data_ptr()) >= HUGE_PAGE // 1024
 
 
-def test_build_model_loads_the_checkpoint_into_one_mapping(llama_checkpoint: Path):
+@linux_only
+def test_build_model_loads_the_checkpoint_into_one_mapping(llama_checkpoint: Path, monkeypatch):
+    monkeypatch.setenv(HUGE_PAGES_ENV_VAR, "1")
     init_parallel_state(1)
     try:
         model = build_model(llama_checkpoint, NeuronConfig(), progress=False)
@@ -105,3 +111,22 @@ def test_build_model_loads_the_checkpoint_into_one_mapping(llama_checkpoint: Pat
     for name in direct:
         torch.testing.assert_close(params[name], tensors[f"model.{name}"], rtol=0, atol=0, msg=name)
     assert min(p.data_ptr() for p in params.values()) % HUGE_PAGE == 0
+
+
+@pytest.mark.parametrize(("value", "requested"), [(None, False), ("0", False), ("1", True), (" 1 ", True)])
+def test_huge_pages_are_opt_in(monkeypatch, value, requested):
+    if value is None:
+        monkeypatch.delenv(HUGE_PAGES_ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(HUGE_PAGES_ENV_VAR, value)
+    assert huge_pages_requested() is requested
+
+
+def test_a_bad_huge_pages_value_is_refused_before_loading(llama_checkpoint: Path, monkeypatch):
+    monkeypatch.setenv(HUGE_PAGES_ENV_VAR, "yes")
+    init_parallel_state(1)
+    try:
+        with pytest.raises(ConfigError, match=r"TRNMODELS_HUGE_PAGES='yes': expected 1 .* or 0"):
+            build_model(llama_checkpoint, NeuronConfig(), progress=False)
+    finally:
+        destroy_parallel_state()

@@ -30,7 +30,15 @@ from .parallel import (
 )
 from .plugins import ModelPlugin, plugin_for_architecture
 from .runtime_config import NeuronConfig
-from .weights import KeyDict, KeyMap, identity_keys, load_checkpoint_dir, place_in_huge_pages, prefixed
+from .weights import (
+    KeyDict,
+    KeyMap,
+    huge_pages_requested,
+    identity_keys,
+    load_checkpoint_dir,
+    place_in_huge_pages,
+    prefixed,
+)
 
 
 @runtime_checkable
@@ -214,8 +222,8 @@ def build_model(
 ) -> CausalLM:
     """Resolve the checkpoint's architecture to an installed plugin, build the model, load its weights.
 
-    Call after ``init_parallel_state`` on every rank; each rank builds and loads only its shard. The
-    parameters live in huge pages (``weights.huge_pages``); with ``load=False`` they hold zeros.
+    Call after ``init_parallel_state`` on every rank; each rank builds and loads only its shard. With
+    ``TRNMODELS_HUGE_PAGES=1`` the parameters live in huge pages (``weights.huge_pages``).
     """
     plugin, hf_config = resolve_checkpoint(checkpoint_dir)
     cpu_kernels_enabled()  # a bad TRNMODELS_CPU_KERNELS is refused before any weight loads
@@ -227,7 +235,8 @@ def build_model(
         )
     register_configured_adapters()  # only the NKI adapters the runtime configuration names, never per model
     model = plugin.load_factory()(hf_config, neuron_config)
-    place_in_huge_pages(model)  # before the first write, so the loader faults it in as huge pages
+    if huge_pages_requested():
+        place_in_huge_pages(model)  # before the first write, so the loader faults it in as huge pages
     if load:
         model.load_weights(checkpoint_dir, progress=progress)
     return model

@@ -1,7 +1,7 @@
 """Weight loading from safetensors: lazy per-rank slices through explicit key mappings."""
 
 from .checkpoint import Checkpoint, CheckpointTensor, SafetensorsCheckpoint, StateDictCheckpoint
-from .huge_pages import huge_pages_supported, place_in_huge_pages
+from .huge_pages import huge_pages_requested, huge_pages_supported, place_in_huge_pages
 from .load import (
     HF_FUSED_SOURCES,
     KeyDict,
@@ -41,6 +41,7 @@ __all__ = [
     "check_key_coverage",
     "concat_sharded",
     "fused_qkv",
+    "huge_pages_requested",
     "huge_pages_supported",
     "identity_keys",
     "kv_head_for_rank",

@@ -11,18 +11,30 @@ So ``place_in_huge_pages`` moves a freshly built model's parameters into one pri
 it in as huge pages. Measured here, in one process, the same compiled graphs bound to a model placed so
 and to one in torch's own allocations, taking turns (medians of 9, ms a batch-1 decode step, the same
 tokens): the llama3 bench config 12.25 → 11.45, SmolLM2-135M 16.73 → 14.56. Batch 8 (compiled, where
-the step computes more than it reads) and the eager steps (MKL's SGEMM) moved within the noise.
+the step computes more than it reads) and the eager steps moved within the noise.
 
-Only the runner's models are placed (``causal_lm.build_model``): under vLLM the bridge hands many weights
-to vLLM's packed GEMMs and frees them, which one shared mapping would not give back.
+It is opt-in (``TRNMODELS_HUGE_PAGES=1``, read by ``causal_lm.build_model``) because of what the first
+write costs on this machine, a Firecracker VM with a virtio balloon: the guest hands free 2 MiB blocks
+back to the host, and a huge page is such a block, which the host then provides again at its first
+touch. Filling 400 MiB took 0.7–1.6 s in huge pages against about 0.1 s in 4 KiB pages (at other times
+22 ms against 80 ms), and loading the llama3 bench checkpoint just after writing it went from 0.20 s to
+0.6–2.4 s, all of it in ``preadv``: the loading target (≥ 0.8× a plain safetensors read) would be lost
+for a step 7–13% faster. A host whose memory is not ballooned pays none of that.
+
+Only the runner's models are placed: under vLLM the bridge hands many weights to vLLM's packed GEMMs and
+frees them, which one shared mapping would not give back.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 
 import torch
 
+from ..errors import ConfigError
+
+HUGE_PAGES_ENV_VAR = "TRNMODELS_HUGE_PAGES"
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # a cache line: each storage starts on its own, as torch's allocator places them
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
@@ -31,6 +43,15 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
 def huge_pages_supported() -> bool:
     """Whether this platform can advise memory for transparent huge pages (Linux)."""
     return _MADV_HUGEPAGE is not None
+
+
+def huge_pages_requested() -> bool:
+    """Whether ``TRNMODELS_HUGE_PAGES`` asks for the runner's weights in huge pages: ``1`` yes, ``0`` or
+    unset no; anything else is refused, naming the variable."""
+    value = os.environ.get(HUGE_PAGES_ENV_VAR, "0").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{HUGE_PAGES_ENV_VAR}={value!r}: expected 1 (weights in huge pages) or 0 (not)")
+    return value == "1"
 
 
 def place_in_huge_pages(module: torch.nn.Module) -> int:
