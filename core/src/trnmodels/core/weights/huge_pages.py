@@ -79,9 +79,8 @@ def place_in_huge_pages(module: torch.nn.Module) -> int:
     mapping.madvise(_MADV_HUGEPAGE)
     # The tensor holds the mapping: it is unmapped when the last parameter viewing it is freed.
     raw = torch.frombuffer(mapping, dtype=torch.uint8)
-    start = (
-        -raw.data_ptr() % HUGE_PAGE
-    )  # a multiple of the 4 KiB page mmap aligns to, as each offset is of 64
+    # A multiple of the 4 KiB pages mmap aligns to, and each offset of 64: both divide by any dtype's size.
+    start = -raw.data_ptr() % HUGE_PAGE
     for ptr, (_, params) in storages.items():
         for param in params:
             # as_strided's offset counts from the mapping's first byte, in elements of the parameter's dtype.
