@@ -214,6 +214,7 @@ def check_model_config(checkpoint_dir: str | Path, neuron_config: NeuronConfig) 
     plugin, hf_config = resolve_checkpoint(checkpoint_dir)
     plugin.validate(hf_config, neuron_config)
     cpu_kernels_enabled()  # a bad TRNMODELS_CPU_KERNELS is refused here, not at the first forward
+    huge_pages_requested()  # and a bad TRNMODELS_HUGE_PAGES here, not on every rank after it builds
     return hf_config
 
 
