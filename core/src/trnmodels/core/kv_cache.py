@@ -11,7 +11,9 @@ overwrite a live slot. A slot of -1 is never used, because indexed writes wrap n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 import torch
 
@@ -69,8 +71,13 @@ def allocate_kv_cache(
     }
 
 
-def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slots of ``positions`` in a sequence with ``block_table`` (both 1-D)."""
+@overload
+def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor: ...
+@overload
+def slot_mapping(block_table: Sequence[int], positions: int, block_size: int) -> int: ...
+def slot_mapping(block_table: Any, positions: Any, block_size: int) -> Any:
+    """Cache slots of ``positions`` in a sequence with ``block_table``: both 1-D tensors, or the block ids
+    and one position as ints (a runner building a step's inputs on the host)."""
     return block_table[positions // block_size] * block_size + positions % block_size
 
 
