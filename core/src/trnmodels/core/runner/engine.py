@@ -238,7 +238,8 @@ class Runner:
             positions_tensor,
             torch.tensor(slots + (null_slots(pad, block_size).tolist() if pad else []), dtype=torch.int64),
             torch.tensor(
-                [t + [NULL_BLOCK] * (width - len(t)) for t in tables] + [[NULL_BLOCK] * width] * pad
+                [t + [NULL_BLOCK] * (width - len(t)) for t in tables] + [[NULL_BLOCK] * width] * pad,
+                dtype=torch.int64,
             ),
             positions_tensor + 1,
             *self._sampling_inputs(seqs, rows),
