@@ -14,6 +14,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -71,6 +72,11 @@ def check_prompt(index: int, prompt: Sequence[int], max_model_len: int, vocab_si
     if len(prompt) > max_model_len:
         raise InputError(f"prompt {index} has {len(prompt)} tokens, more than max_model_len={max_model_len}")
     check_token_ids(prompt, vocab_size)
+
+
+def _padded(values: list[Any], rows: int, fill: Any, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` and ``fill`` for each padding row up to ``rows``, as one tensor of ``dtype``."""
+    return torch.tensor(values + [fill] * (rows - len(values)), dtype=dtype)
 
 
 class Runner:
@@ -176,10 +182,9 @@ class Runner:
         return tokens, finite
 
     def _sampling_inputs(self, seqs: list[_Sequence], rows: int) -> tuple[torch.Tensor, ...]:
-        pad = rows - len(seqs)
-        temperature = torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32)
-        top_k = torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64)
-        top_p = torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32)
+        temperature = _padded([s.params.temperature for s in seqs], rows, 0.0, torch.float32)
+        top_k = _padded([s.params.top_k for s in seqs], rows, 0, torch.int64)
+        top_p = _padded([s.params.top_p for s in seqs], rows, 1.0, torch.float32)
         if all(s.generator is None for s in seqs):
             # Greedy rows add no noise; no step writes its inputs, so one zero tensor serves every step.
             if rows not in self._no_noise:
@@ -231,15 +236,14 @@ class Runner:
         tables = [s.blocks[:width] for s in seqs]
         positions = [s.length - 1 for s in seqs]
         slots = [slot_mapping(table, p, block_size) for table, p in zip(tables, positions, strict=True)]
-        positions_tensor = torch.tensor(positions + [0] * pad, dtype=torch.int64)
+        positions_tensor = _padded(positions, rows, 0, torch.int64)
         tokens, finite = self._run(
             GraphSpec(DECODE, (rows, context)),
-            torch.tensor([s.result.token_ids[-1] for s in seqs] + [0] * pad, dtype=torch.int64),
+            _padded([s.result.token_ids[-1] for s in seqs], rows, 0, torch.int64),
             positions_tensor,
-            torch.tensor(slots + (null_slots(pad, block_size).tolist() if pad else []), dtype=torch.int64),
-            torch.tensor(
-                [t + [NULL_BLOCK] * (width - len(t)) for t in tables] + [[NULL_BLOCK] * width] * pad,
-                dtype=torch.int64,
+            torch.cat([torch.tensor(slots, dtype=torch.int64), null_slots(pad, block_size)]),
+            _padded(
+                [t + [NULL_BLOCK] * (width - len(t)) for t in tables], rows, [NULL_BLOCK] * width, torch.int64
             ),
             positions_tensor + 1,
             *self._sampling_inputs(seqs, rows),
