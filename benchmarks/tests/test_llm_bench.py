@@ -446,7 +446,16 @@ def test_throughput_excludes_the_prefill() -> None:
 
 def test_throughput_runs_its_between_rounds_measurement_after_every_round() -> None:
     calls: list[str] = []
-    systems = {"a": lambda prompts, n: calls.append("a"), "b": lambda prompts, n: calls.append("b")}
+
+    def system(name: str):
+        def generate(prompts, n):
+            calls.append(name)
+            # Time that grows with n: two calls taking the same time would leave no decode time to divide by.
+            time.sleep(0.001 * n)
+
+        return generate
+
+    systems = {"a": system("a"), "b": system("b")}
     measure.throughput(
         systems, [1], {"decode_b1": [[1]]}, 3, repeats=2, between_rounds=lambda: calls.append("|")
     )
