@@ -69,10 +69,11 @@ def test_fp32_several_rows_run_the_reference_sgemm(shape, bias):
     assert torch.equal(ops.linear(x, w, b), F.linear(x, w, b))
 
 
-def _large_call(rows: int, bias: bool = True, elements: int = cpu_linear.SWAP_MIN_WEIGHT):
-    """A weight of ``SWAP_MIN_WEIGHT`` elements: the size from which a few rows swap the operands."""
+def _large_call(rows: int, bias: bool = True, elements: int = cpu_linear.SWAP_MIN_WEIGHT, k: int = 2048):
+    """A weight of ``SWAP_MIN_WEIGHT`` elements: the size from which a few rows swap the operands. It is
+    ``k`` wide, by default wider than ``SWAP_NARROW_MAX_K`` (a narrow weight swaps more rows)."""
     g = torch.Generator().manual_seed(1)
-    n, k = 2048, elements // 2048
+    n = elements // k
     x = torch.randn(rows, k, generator=g)
     w = torch.randn(n, k, generator=g) / k**0.5
     return x, w, torch.randn(n, generator=g) if bias else None
@@ -109,6 +110,30 @@ def test_up_to_four_rows_swap_from_a_smaller_weight_within_fp32_rounding(rows, b
 def test_the_smaller_weight_swaps_only_up_to_four_rows(case):
     rows = cpu_linear.SWAP_FEW_ROWS + 1 if case == "more-rows" else cpu_linear.SWAP_FEW_ROWS
     x, w, b = _large_call(rows, elements=cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT)
+    if case == "smaller-weight":
+        w, b = w[:-1], b[:-1]
+    assert not cpu_linear.swap_pays(x, w, b)
+    assert select_backend("linear", x, w, b) == "torch"
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", range(cpu_linear.SWAP_FEW_ROWS + 1, cpu_linear.SWAP_NARROW_MAX_ROWS + 1))
+def test_up_to_eight_rows_swap_a_narrow_smaller_weight_within_fp32_rounding(rows, bias):
+    k = cpu_linear.SWAP_NARROW_MAX_K
+    x, w, b = _large_call(rows, bias, elements=cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT, k=k)
+    assert w.shape[-1] == k and w.numel() == cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT
+    assert select_backend("linear", x, w, b) == "cpu"
+    got, reference, truth = ops.linear(x, w, b), F.linear(x, w, b), _truth(x, w, b)
+    bound = k * 2**-24 * _truth(x.abs(), w.abs(), None if b is None else b.abs())
+    assert ((got.double() - truth).abs() <= bound).all()
+    assert (got.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max()
+
+
+@pytest.mark.parametrize("case", ["wider", "more-rows", "smaller-weight"])
+def test_a_narrow_smaller_weight_swaps_only_up_to_eight_rows(case):
+    rows = cpu_linear.SWAP_NARROW_MAX_ROWS + (case == "more-rows")
+    k = cpu_linear.SWAP_NARROW_MAX_K + 64 * (case == "wider")
+    x, w, b = _large_call(rows, elements=cpu_linear.SWAP_FEW_ROWS_MIN_WEIGHT * k // 1024, k=k)
     if case == "smaller-weight":
         w, b = w[:-1], b[:-1]
     assert not cpu_linear.swap_pays(x, w, b)

@@ -45,8 +45,23 @@ call, 300 MB of them) MKL's SGEMM read a weight at 5–10 GB/s with 2 rows (a ca
 | 4096 × 768 | 5.11×, 1.15× | 4.87×, 1.46× | 2.83×, 2.04× | 1.27×, 0.95× |
 | 768 × 2048 | 2.38×, 1.18× | 1.90×, 1.18× | 1.20×, 1.79× | 0.78×, 1.07× |
 
-So from ``SWAP_FEW_ROWS_MIN_WEIGHT`` elements (512 × 512) calls of 2 to 4 rows swap; from 6 rows the
-gain is gone. On the runner's default batch buckets (1, 2, 4, 8), eager decode of SmolLM2-135M went from
+So from ``SWAP_FEW_ROWS_MIN_WEIGHT`` elements (512 × 512) calls of 2 to 4 rows swap. From 5 rows the
+gain depends on the weight's width K, not its size: with cold weights (200 MB of them, a new one every
+call), the swapped call's speed-up over ``F.linear`` (2 threads; N = 576, 1536, 3072 in each cell):
+
+| K | 5 rows | 6 rows | 8 rows | 12 rows | 16 rows |
+|---|---|---|---|---|---|
+| 576 | 1.72, 1.96, 2.20 | 1.38, 2.20, 2.60 | 1.29, 1.55, 1.65 | 0.76, 0.77, 0.80 | 1.00, 1.15, 1.09 |
+| 768 | 1.79, 1.73, 1.87 | 1.54, 1.81, 1.89 | 1.08, 1.06, 1.24 | 0.77, 0.74, 0.88 | 1.13, 1.13, 1.10 |
+| 1024 | 1.12, 0.99, 1.30 | 1.09, 1.28, 1.52 | 1.03, 1.01, 1.09 | 0.84, 0.88, 0.86 | 1.22, 1.12, 1.32 |
+| 1152 | 1.25, 0.99, 1.28 | 1.07, 1.20, 1.52 | 0.93, 0.99, 0.96 | | |
+| 1536 | 0.72, 0.96, 1.04 | 0.70, 0.79, 0.97 | 0.71, 0.81, 0.84 | | |
+| 2048 | 0.95, 1.06, 1.26 | 0.82, 0.85, 1.06 | 0.89, 0.89, 0.92 | | |
+
+So calls of 5 to ``SWAP_NARROW_MAX_ROWS`` rows swap from the same size when the weight is at most
+``SWAP_NARROW_MAX_K`` wide (SmolLM2's projections but its MLP's down projection; a batch-8 eager decode
+step); at 12 rows none gains, so larger calls keep the size rule above. The errors against a float64
+truth were SGEMM's own (at 8 rows, 3072 × 576: 3.5e-5 swapped, 4.1e-5 not). On the runner's default batch buckets (1, 2, 4, 8), eager decode of SmolLM2-135M went from
 100.5 to 43.6 ms a step at batch 2 and from 81.6 to 58.5 at batch 4; the llama3 bench config's from
 25.5 to 21.2 and from 27.6 to 23.4 (the same tokens; medians of 3, old and new code taking turns).
 
@@ -127,6 +142,9 @@ SWAP_MAX_ROWS = 32
 SWAP_MIN_WEIGHT = 2**21
 SWAP_FEW_ROWS = 4
 SWAP_FEW_ROWS_MIN_WEIGHT = 2**18
+# ...and calls of up to SWAP_NARROW_MAX_ROWS rows from the same size when at most SWAP_NARROW_MAX_K wide.
+SWAP_NARROW_MAX_ROWS = 8
+SWAP_NARROW_MAX_K = 1024
 # FP32 calls of SWAP_FEW_ROWS + 1..REDUCTION_MAX_ROWS rows in a captured graph are a reduction (the notes).
 REDUCTION_MAX_ROWS = 8
 
@@ -195,11 +213,12 @@ def reduction_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``F.linear(x, weight, bias)`` runs faster as ``(weight @ x.T).T``: a few FP32 rows, a large
-    row-major weight."""
+    (or, at up to ``SWAP_NARROW_MAX_ROWS`` rows, a narrow) row-major weight."""
     rows = _rows(x)
+    few = rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and weight.shape[-1] <= SWAP_NARROW_MAX_K)
     return (
         2 <= rows <= SWAP_MAX_ROWS
-        and weight.numel() >= (SWAP_FEW_ROWS_MIN_WEIGHT if rows <= SWAP_FEW_ROWS else SWAP_MIN_WEIGHT)
+        and weight.numel() >= (SWAP_FEW_ROWS_MIN_WEIGHT if few else SWAP_MIN_WEIGHT)
         and weight.is_contiguous()
         and _all_fp32(_operands(x, weight, bias))
     )
