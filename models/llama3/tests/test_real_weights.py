@@ -85,11 +85,24 @@ def test_logits_of_a_short_prefill_match_hf(smollm2):
     assert report.passed, report.format_table()
 
 
-def test_batched_greedy_chat_equals_hf_per_question(smollm2):
-    """Four questions decoded as one batch (the LM head swapped, as above) answer as HF does one by one."""
+QUESTIONS = [
+    QUESTION,
+    "What is 2 + 2?",
+    "Name a colour of the sky.",
+    "Who wrote Hamlet?",
+    "What is the largest planet?",
+    "How many legs does a spider have?",
+    "What do bees make?",
+    "What is the opposite of hot?",
+]
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_batched_greedy_chat_equals_hf_per_question(smollm2, batch):
+    """Questions decoded as one batch answer as HF does one by one: at 4 rows every projection runs the
+    swapped SGEMM, at 8 all but the MLP's down projection (1536 wide; ``cpu.linear``), the LM head both."""
     checkpoint, tokenizer, hf = smollm2
-    questions = [QUESTION, "What is 2 + 2?", "Name a colour of the sky.", "Who wrote Hamlet?"]
-    texts = [chat(tokenizer, q) for q in questions]
+    texts = [chat(tokenizer, q) for q in QUESTIONS[:batch]]
     outputs, _ = generate_texts(checkpoint, texts, SamplingParams(max_new_tokens=8), eager=True)
     for text, output in zip(texts, outputs, strict=True):
         prompt = tokenizer(text)["input_ids"]
