@@ -45,9 +45,13 @@ call, 300 MB of them) MKL's SGEMM read a weight at 5–10 GB/s with 2 rows (a ca
 | 4096 × 768 | 5.11×, 1.15× | 4.87×, 1.46× | 2.83×, 2.04× | 1.27×, 0.95× |
 | 768 × 2048 | 2.38×, 1.18× | 1.90×, 1.18× | 1.20×, 1.79× | 0.78×, 1.07× |
 
-So from ``SWAP_FEW_ROWS_MIN_WEIGHT`` elements (512 × 512) calls of 2 to 4 rows swap. From 5 rows the
-gain depends on the weight's width K, not its size: with cold weights (200 MB of them, a new one every
-call), the swapped call's speed-up over ``F.linear`` (2 threads; N = 576, 1536, 3072 in each cell):
+So from ``SWAP_FEW_ROWS_MIN_WEIGHT`` elements (512 × 512) calls of 2 to 4 rows swap. On the runner's
+default batch buckets (1, 2, 4, 8), eager decode of SmolLM2-135M went from 100.5 to 43.6 ms a step at
+batch 2 and from 81.6 to 58.5 at batch 4; the llama3 bench config's from 25.5 to 21.2 and from 27.6 to
+23.4 (the same tokens; medians of 3, old and new code taking turns).
+
+From 5 rows the gain depends on the weight's width K, not its size: with cold weights (200 MB of them,
+a new one every call), the swapped call's speed-up over ``F.linear`` (2 threads; N = 576, 1536, 3072 in each cell):
 
 | K | 5 rows | 6 rows | 8 rows | 12 rows | 16 rows |
 |---|---|---|---|---|---|
@@ -61,9 +65,9 @@ call), the swapped call's speed-up over ``F.linear`` (2 threads; N = 576, 1536, 
 So calls of 5 to ``SWAP_NARROW_MAX_ROWS`` rows swap from the same size when the weight is at most
 ``SWAP_NARROW_MAX_K`` wide (SmolLM2's projections but its MLP's down projection; a batch-8 eager decode
 step); at 12 rows none gains, so larger calls keep the size rule above. The errors against a float64
-truth were SGEMM's own (at 8 rows, 3072 × 576: 3.5e-5 swapped, 4.1e-5 not). On the runner's default batch buckets (1, 2, 4, 8), eager decode of SmolLM2-135M went from
-100.5 to 43.6 ms a step at batch 2 and from 81.6 to 58.5 at batch 4; the llama3 bench config's from
-25.5 to 21.2 and from 27.6 to 23.4 (the same tokens; medians of 3, old and new code taking turns).
+truth were SGEMM's own (at 8 rows, 3072 × 576: 3.5e-5 swapped, 4.1e-5 not). Eager decode at batch 8
+went from 93.3 to 70.9 ms a step on SmolLM2-135M, from 41.1 to 39.0 on the llama3 bench config (the
+same tokens; medians of 5, the two rules taking turns in one process).
 
 The call is static (no branch on values; the row count is part of a graph's static shape), so graph
 capture for the CPU takes it too. A captured one-row call is not oneDNN's, though: it is a product and a
@@ -215,10 +219,11 @@ def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     """Whether ``F.linear(x, weight, bias)`` runs faster as ``(weight @ x.T).T``: a few FP32 rows, a large
     (or, at up to ``SWAP_NARROW_MAX_ROWS`` rows, a narrow) row-major weight."""
     rows = _rows(x)
-    few = rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and weight.shape[-1] <= SWAP_NARROW_MAX_K)
+    narrow = weight.shape[-1] <= SWAP_NARROW_MAX_K
+    from_smaller = rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and narrow)
     return (
         2 <= rows <= SWAP_MAX_ROWS
-        and weight.numel() >= (SWAP_FEW_ROWS_MIN_WEIGHT if few else SWAP_MIN_WEIGHT)
+        and weight.numel() >= (SWAP_FEW_ROWS_MIN_WEIGHT if from_smaller else SWAP_MIN_WEIGHT)
         and weight.is_contiguous()
         and _all_fp32(_operands(x, weight, bias))
     )
