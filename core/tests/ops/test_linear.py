@@ -236,6 +236,7 @@ _FEW = cpu_linear.SWAP_FEW_ROWS
     ("rows", "dtype", "kernels", "expected", "absent"),
     [
         (1, torch.float32, "all", "aten.sum", "mkldnn"),
+        (1, torch.float32, "all", "inductor_force_stride_order", "aten.linear"),
         (1, torch.float32, "none", "aten.linear", "mkldnn"),
         (_FEW + 1, torch.float32, "all", "inductor_force_stride_order", "aten.linear"),
         (cpu_linear.REDUCTION_MAX_ROWS, torch.float32, "all", "aten.sum", "aten.linear"),
@@ -249,6 +250,7 @@ _FEW = cpu_linear.SWAP_FEW_ROWS
     ],
     ids=[
         "fp32-one-row",
+        "fp32-one-row-input-in-its-own-buffer",
         "fp32-kernels-off",
         "fp32-five-rows",
         "fp32-eight-rows",

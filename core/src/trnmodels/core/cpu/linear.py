@@ -81,6 +81,15 @@ and SmolLM2's (max 2.0e-5 against 2.5e-5 on the LM head; SGEMM's 3.6e-5). On the
 vLLM's compile the row count is symbolic, so there the choice is made when the call runs (the custom op
 ``trnmodels::linear``, see ``ops.dispatch``).
 
+That one row is realised in a buffer of its own first (``inductor_force_stride_order``): fused into the
+reduction, its producer (the RMSNorm before a QKV projection or the LM head) was recomputed for every
+weight row, 4 loads and 5 vector operations per 16 weights where the reduction needs 2 loads and a
+multiply-add. That compute hides behind the memory while the machine streams slowly and shows when it
+streams fast. Compiled batch-1 decode, ms a step (one process, the two sets of graphs taking turns,
+medians of 9–15, the same tokens): the llama3 bench config 7.81 → 7.20 and 8.10 → 7.69 with the copy
+stream at 49–55 GB/s, 11.40 → 10.92 and 10.15 → 9.96 at 32–50, 11.05 → 11.39 at about 34; SmolLM2-135M
+17.56 → 16.42 at 48–52, 22.23 → 20.05 and 17.35 → 18.23 at 34–59, 22.06 → 22.22 at 32–34.
+
 A captured call of ``SWAP_FEW_ROWS + 1`` to ``REDUCTION_MAX_ROWS`` FP32 rows (a batch-8 decode step) is
 a reduction too, ``(weight.unsqueeze(1) * x).sum(-1)``: Inductor reads each weight row once, from memory,
 and sums it against every row of ``x`` from the caches. MKL's SGEMM of so few rows read a weight from
@@ -253,6 +262,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _one_row_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """One row in a captured graph: a product and a sum, which Inductor fuses into one vectorised
     reduction that streams the weight once (see the module's notes on one-row calls in graphs)."""
+    from torch._inductor import inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
+
+    # Its own buffer: fused, the producer (a norm) is recomputed for every weight row (see the notes).
+    x = torch.ops.prims.inductor_force_stride_order(x, [*x.stride()])
     out = (x.unsqueeze(-2) * weight).sum(-1)
     return out if bias is None else out + bias
 
