@@ -259,13 +259,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def _in_own_buffer(t: torch.Tensor, stride: list[int]) -> torch.Tensor:
+    """``t`` realised in a buffer of its own with ``stride``: a fence Inductor's fusion does not cross."""
+    from torch._inductor import inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
+
+    return torch.ops.prims.inductor_force_stride_order(t, stride)
+
+
 def _one_row_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """One row in a captured graph: a product and a sum, which Inductor fuses into one vectorised
     reduction that streams the weight once (see the module's notes on one-row calls in graphs)."""
-    from torch._inductor import inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
-
-    # Its own buffer: fused, the producer (a norm) is recomputed for every weight row (see the notes).
-    x = torch.ops.prims.inductor_force_stride_order(x, [*x.stride()])
+    # Fused, the producer (a norm) would be recomputed for every weight row (see the notes).
+    x = _in_own_buffer(x, [*x.stride()])
     out = (x.unsqueeze(-2) * weight).sum(-1)
     return out if bias is None else out + bias
 
@@ -273,14 +278,12 @@ def _one_row_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 def _few_rows_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A few rows in a captured graph: the product and sum with the weight's rows outermost, so Inductor's
     reduction reads each weight row once for all the rows of ``x`` (see the module's notes)."""
-    from torch._inductor import inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
-
+    # Row-major and unfused: fused, the norm before it laid the residual stream out transposed (the notes).
     rows = x.reshape(-1, x.shape[-1])
-    # Its own row-major buffer: a fence Inductor's fusion does not cross (see the notes).
-    rows = torch.ops.prims.inductor_force_stride_order(rows, [rows.shape[-1], 1])
+    rows = _in_own_buffer(rows, [rows.shape[-1], 1])
     out = (weight.unsqueeze(1) * rows).sum(-1).mT
     # Not ``.contiguous()``, which Inductor once turned into a copy of a buffer onto itself (the notes).
-    out = torch.ops.prims.inductor_force_stride_order(out, [out.shape[1], 1])
+    out = _in_own_buffer(out, [out.shape[1], 1])
     out = out if bias is None else out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
