@@ -8,7 +8,11 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +59,42 @@ def machine_info(packages: Sequence[str] = ("torch", "transformers", "safetensor
 
 # A CPU-bound loop that touches no memory to speak of: what it loses beside a copy of itself is the
 # share of the cores the machine gives two processes at once, not cache or bandwidth.
-_SPIN = (
-    "import time\nt = time.perf_counter()\ns = 0\nfor i in range({n}): s += i\nprint(time.perf_counter() - t)"
-)
+_SPIN = "s = 0\nfor i in range({n}): s += i"
+
+# A translation unit shaped like the kernels AOTInductor writes for a CPU graph: Inductor's own prefix
+# header, then vectorised loops for the optimiser. Two compilers side by side share the caches and the
+# memory, which the loop above does not show.
+_KERNEL = """extern "C" void kernel_{i}(const float* a, const float* b, float* out, long n) {{
+  #pragma omp parallel for
+  for (long x = 0; x < n; x += 16) {{
+    auto u = at::vec::Vectorized<float>::loadu(a + x);
+    auto w = at::vec::Vectorized<float>::loadu(b + x);
+    (u * w + u.exp() / (w.abs() + at::vec::Vectorized<float>({i}.5f))).store(out + x);
+  }}
+  float total = 0;
+  for (long x = 0; x < n; ++x) total += out[x] * {i};
+  out[0] = total;
+}}
+"""
 
 
-def side_by_side_slowdown(copies: int = 2, iterations: int = 20_000_000, repeats: int = 3) -> dict[str, Any]:
-    """How much longer a CPU-bound process takes while ``copies`` run at once than alone: the medians of
-    ``repeats`` rounds, each timing one copy alone, then ``copies`` together (every copy's time counts).
-    ``copies`` over the ratio caps the speed-up of any ``copies``-way parallel work on this machine now."""
-    command = [sys.executable, "-c", _SPIN.format(n=iterations)]
+def _side_by_side(commands: Callable[[int], list[str]], copies: int, repeats: int) -> dict[str, Any]:
+    """The medians of ``repeats`` rounds, each timing one process alone, then ``copies`` of it at once
+    (every copy's own time counts). ``commands(i)`` is the command line of copy ``i``."""
 
     def together(n: int) -> list[float]:
-        procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(n)]
-        return [float(p.communicate()[0]) for p in procs]
+        start = time.perf_counter()
+        procs = [subprocess.Popen(commands(i)) for i in range(n)]
+        seconds = [0.0] * n
+
+        def wait(i: int) -> None:
+            if procs[i].wait():
+                raise RuntimeError(f"{' '.join(commands(i))} failed (exit code {procs[i].returncode})")
+            seconds[i] = time.perf_counter() - start
+
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(wait, range(n)))
+        return seconds
 
     alone, shared = [], []
     for _ in range(repeats):
@@ -82,3 +108,35 @@ def side_by_side_slowdown(copies: int = 2, iterations: int = 20_000_000, repeats
         "slowdown": ratio,
         "speedup_ceiling": copies / ratio,
     }
+
+
+def side_by_side_slowdown(copies: int = 2, iterations: int = 20_000_000, repeats: int = 3) -> dict[str, Any]:
+    """How much longer a CPU-bound process takes while ``copies`` run at once than alone (``_side_by_side``).
+    ``copies`` over the ratio caps the speed-up of any ``copies``-way parallel work on this machine now."""
+    return _side_by_side(lambda _: [sys.executable, "-c", _SPIN.format(n=iterations)], copies, repeats)
+
+
+def compiler_side_by_side_slowdown(copies: int = 2, kernels: int = 120, repeats: int = 3) -> dict[str, Any]:
+    """The same for the C++ compiler Inductor uses, on a translation unit of ``kernels`` vectorised loops
+    like the ones it writes (``_KERNEL``): ``copies`` over the ratio caps a parallel compile's speed-up."""
+    import torch
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    with tempfile.TemporaryDirectory(prefix="trnmodels-compiler-probe-") as tmp:
+        source = Path(tmp) / "kernels.cpp"
+        source.write_text(
+            "#include <torch/csrc/inductor/cpp_prefix.h>\n"
+            + "".join(_KERNEL.format(i=i) for i in range(1, kernels + 1))
+        )
+        flags = [
+            "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-w",
+            *([f"-DCPU_CAPABILITY_{capability}"] if capability != "DEFAULT" else []),
+            "-I", str(Path(torch.__file__).parent / "include"), "-I", sysconfig.get_paths()["include"],
+        ]  # fmt: skip
+        figures = _side_by_side(
+            lambda i: [get_cpp_compiler(), *flags, "-c", str(source), "-o", str(Path(tmp) / f"{i}.o")],
+            copies,
+            repeats,
+        )
+    return figures | {"kernels": kernels}

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.runner.config import RunnerConfig
 
-from ..machine import proc_bytes, side_by_side_slowdown
+from ..machine import compiler_side_by_side_slowdown, proc_bytes, side_by_side_slowdown
 
 # Sized so every bucket is used and nothing else is compiled: prefill of up to 256 flat tokens, decode
 # at batch 1 and 8 with contexts up to 256.
@@ -499,11 +499,15 @@ def cold_compile(checkpoint_dir: str, cache_dir: str, jobs: int) -> dict[str, An
     empty Inductor cache, so nothing is warm)."""
     from trnmodels.core.compile import CompileTarget, compile_all
 
+    _, busy_before = cpu_seconds()
     start = time.perf_counter()
     graphs = compile_all(CompileTarget(checkpoint_dir, BENCH_RUNNER), cache_dir, jobs=jobs)
     return {
         "jobs": jobs,
         "seconds": time.perf_counter() - start,
+        # Of this process, its workers and the compilers they ran: more than ``seconds`` when even one job
+        # keeps more than one core busy at times.
+        "cpu_seconds": cpu_seconds()[1] - busy_before,
         "graphs": [{"name": g.name, "seconds": g.seconds, "cache": g.cache} for g in graphs],
     }
 
@@ -572,12 +576,14 @@ def compile_cache_dir(work_dir: Path, jobs: int) -> str:
 def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repeats: int) -> dict[str, Any]:
     """A cold compile at each of ``jobs`` (each into its own empty caches, in a fresh process), a warm
     ``compile_all`` into the cache of the last (``compile_cache_dir``), and the CLI's start-up figures on
-    that cache; before the compiles, ``side_by_side_slowdown`` at the most jobs."""
+    that cache; before the compiles, ``side_by_side_slowdown`` and ``compiler_side_by_side_slowdown`` at
+    the most jobs."""
     from trnmodels.core.compile import CompileTarget, compile_all
 
     cold = {}
     # What this machine gives that many processes at once, measured just before they compile.
     side_by_side = side_by_side_slowdown(max(jobs)) if max(jobs) > 1 else None
+    compilers_side_by_side = compiler_side_by_side_slowdown(max(jobs)) if max(jobs) > 1 else None
     for n in jobs:
         cache_dir = compile_cache_dir(work_dir, n)
         env = {"TORCHINDUCTOR_CACHE_DIR": str(work_dir / f"inductor-jobs{n}")}
@@ -593,6 +599,7 @@ def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repe
         "cold_seconds": last["seconds"],
         "cold_by_jobs": {str(n): c for n, c in cold.items()},
         **({"side_by_side": side_by_side} if side_by_side else {}),
+        **({"compiler_side_by_side": compilers_side_by_side} if compilers_side_by_side else {}),
         "warm_seconds": warm_seconds,
         "graphs": [
             {"name": c["name"], "cold_seconds": c["seconds"], "cold": c["cache"], "warm": w.cache}

@@ -305,23 +305,47 @@ def _why_jobs(r: View) -> str:
         f"Side by side they took {', '.join(f'{s:.1f}' for s in shared)} s each, and the run "
         f"{by_jobs[many]['seconds']:.1f} s. The compile's own process takes the first graph; a worker is a "
         "fresh process that imports the stack before its first graph starts."
-        + _side_by_side_text(r["compile"].get("side_by_side"))
+        + _side_by_side_text(
+            r["compile"].get("side_by_side"), "a CPU-bound loop", "any {n}-way parallel work"
+        )
+        + _side_by_side_text(
+            r["compile"].get("compiler_side_by_side"),
+            "the C++ compiler (on kernels like Inductor's)",
+            "a {n}-way parallel compile",
+        )
+        + _compile_ceiling_text(r["compile"], few, many)
     )
 
 
-def _side_by_side_text(figures: Mapping[str, Any] | None) -> str:
-    """The machine's own cap on a parallel speed-up, measured in the same run (``side_by_side_slowdown``)."""
+def _side_by_side_text(figures: Mapping[str, Any] | None, what: str, work: str) -> str:
+    """The machine's own cap on the speed-up of ``work`` (``{n}``: the copies), measured in the same run
+    by running ``what`` side by side (``side_by_side_slowdown``, ``compiler_side_by_side_slowdown``)."""
     if not figures:
         return ""
     text = (
-        f" In this run a CPU-bound loop took {figures['slowdown']:.2f}× as long with {figures['copies']} "
+        f" In this run {what} took {figures['slowdown']:.2f}× as long with {figures['copies']} "
         f"copies running at once as alone ({figures['together_seconds']:.2f} s against "
         f"{figures['alone_seconds']:.2f} s)"
     )
     if figures["slowdown"] <= 1.0:
-        return text + ": each copy got a whole core, so the CPU share set no cap here."
-    return text + (
-        f": this machine caps any {figures['copies']}-way parallel work at {figures['speedup_ceiling']:.2f}× now."
+        return text + ": each copy got a whole core, so the machine set no cap here."
+    caps = work.format(n=figures["copies"])
+    return text + f": this machine caps {caps} at {figures['speedup_ceiling']:.2f}× now."
+
+
+def _compile_ceiling_text(c: Mapping[str, Any], few: str, many: str) -> str:
+    """What the fewest jobs' own use of the cores leaves the most jobs to gain, at the compiler's measured
+    side-by-side slowdown (runs recorded before ``cpu_seconds`` was measured have no such text)."""
+    alone = c["cold_by_jobs"][few]
+    if "cpu_seconds" not in alone or "compiler_side_by_side" not in c:
+        return ""
+    cores = alone["cpu_seconds"] / alone["seconds"]
+    slowdown = max(1.0, c["compiler_side_by_side"]["slowdown"])
+    ceiling = int(many) / (cores * slowdown)
+    return (
+        f" With `--jobs {few}` the compile kept {cores:.2f} cores busy on average ({alone['cpu_seconds']:.1f} "
+        f"CPU seconds in {alone['seconds']:.1f} s): with {many} compilers each slowed {slowdown:.2f}× by the "
+        f"other, the speed-up cannot pass {ceiling:.2f}× even with no graph waiting for another."
     )
 
 

@@ -59,7 +59,7 @@ def _bench_workload() -> dict:
             "graphs": [{"name": "decode_1x256", "cold_seconds": 36.0, "cold": "miss", "warm": "hit"}],
             # One at a time 150 s; two queues of at best 90 s (60 | 55 + 35): at most a 1.67× speed-up.
             "cold_by_jobs": {
-                "1": {"jobs": 1, "seconds": 150.0, "graphs": _graphs(60.0, 55.0, 35.0)},
+                "1": {"jobs": 1, "seconds": 150.0, "cpu_seconds": 165.0, "graphs": _graphs(60.0, 55.0, 35.0)},
                 "2": {"jobs": 2, "seconds": 100.0, "graphs": _graphs(70.0, 66.0, 40.0)},
             },
             "side_by_side": {
@@ -68,6 +68,14 @@ def _bench_workload() -> dict:
                 "together_seconds": 2.5,
                 "slowdown": 1.25,
                 "speedup_ceiling": 1.6,
+            },
+            "compiler_side_by_side": {
+                "copies": 2,
+                "alone_seconds": 4.0,
+                "together_seconds": 4.4,
+                "slowdown": 1.1,
+                "speedup_ceiling": 2 / 1.1,
+                "kernels": 120,
             },
             "cli": {
                 "info": {"cpu_seconds": 3.0, "wall_seconds": 3.5},
@@ -323,6 +331,15 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
         "a CPU-bound loop took 1.25× as long with 2 copies running at once as alone (2.50 s against 2.00 s): "
         "this machine caps any 2-way parallel work at 1.60× now." in page
     )
+    assert (
+        "the C++ compiler (on kernels like Inductor's) took 1.10× as long with 2 copies running at once as "
+        "alone (4.40 s against 4.00 s): this machine caps a 2-way parallel compile at 1.82× now." in page
+    )
+    # One job: 165 CPU s in 150 s = 1.1 cores; 2 ÷ (1.1 × 1.1) = 1.65.
+    assert (
+        "With `--jobs 1` the compile kept 1.10 cores busy on average (165.0 CPU seconds in 150.0 s): with 2 "
+        "compilers each slowed 1.10× by the other, the speed-up cannot pass 1.65×" in page
+    )
     r["workloads"][0]["compile"]["side_by_side"] |= {
         "together_seconds": 1.9,
         "slowdown": 0.95,
@@ -330,7 +347,7 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
     }
     page = report.markdown(r, chart="toy.png")
     assert (
-        "(1.90 s against 2.00 s): each copy got a whole core, so the CPU share set no cap here." in page
+        "(1.90 s against 2.00 s): each copy got a whole core, so the machine set no cap here." in page
         and "2.10×" not in page
     )
     for text in [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.machine import machine_info, proc_bytes
+from benchmarks.machine import compiler_side_by_side_slowdown, machine_info, proc_bytes, side_by_side_slowdown
 from benchmarks.parallelism import tp_degree
 
 
@@ -23,6 +23,25 @@ def test_machine_info_records_the_packages_asked_for() -> None:
     info = machine_info(("safetensors",))
     assert info["safetensors"] == safetensors.__version__ and "transformers" not in info
     assert len(info["load_average_start"]) == 3 and info["cores"] >= 1
+
+
+def test_side_by_side_probes_time_each_copy_alone_and_together() -> None:
+    for figures in (
+        side_by_side_slowdown(copies=2, iterations=200_000, repeats=1),
+        # The compiler probe compiles with the real compiler: a source the headers reject fails here.
+        compiler_side_by_side_slowdown(copies=2, kernels=2, repeats=1),
+    ):
+        assert figures["copies"] == 2 and figures["alone_seconds"] > 0 and figures["together_seconds"] > 0
+        assert figures["slowdown"] == pytest.approx(figures["together_seconds"] / figures["alone_seconds"])
+        assert figures["speedup_ceiling"] == pytest.approx(2 / figures["slowdown"])
+
+
+def test_a_failing_probe_names_its_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import benchmarks.machine as machine
+
+    monkeypatch.setattr(machine, "_SPIN", "raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match=r"raise SystemExit\(3\) failed \(exit code 3\)"):
+        side_by_side_slowdown(copies=2, repeats=1)
 
 
 @pytest.mark.parametrize(
