@@ -134,8 +134,9 @@ def compiler_side_by_side_slowdown(copies: int = 2, kernels: int = 120, repeats:
             *([f"-DCPU_CAPABILITY_{capability}"] if capability != "DEFAULT" else []),
             "-I", str(Path(torch.__file__).parent / "include"), "-I", sysconfig.get_paths()["include"],
         ]  # fmt: skip
+        compiler = get_cpp_compiler()
         figures = _side_by_side(
-            lambda i: [get_cpp_compiler(), *flags, "-c", str(source), "-o", str(Path(tmp) / f"{i}.o")],
+            lambda i: [compiler, *flags, "-c", str(source), "-o", str(Path(tmp) / f"{i}.o")],
             copies,
             repeats,
         )

@@ -499,7 +499,7 @@ def cold_compile(checkpoint_dir: str, cache_dir: str, jobs: int) -> dict[str, An
     empty Inductor cache, so nothing is warm)."""
     from trnmodels.core.compile import CompileTarget, compile_all
 
-    _, busy_before = cpu_seconds()
+    busy_before = cpu_seconds()[1]
     start = time.perf_counter()
     graphs = compile_all(CompileTarget(checkpoint_dir, BENCH_RUNNER), cache_dir, jobs=jobs)
     return {
@@ -582,8 +582,14 @@ def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repe
 
     cold = {}
     # What this machine gives that many processes at once, measured just before they compile.
-    side_by_side = side_by_side_slowdown(max(jobs)) if max(jobs) > 1 else None
-    compilers_side_by_side = compiler_side_by_side_slowdown(max(jobs)) if max(jobs) > 1 else None
+    caps = (
+        {
+            "side_by_side": side_by_side_slowdown(max(jobs)),
+            "compiler_side_by_side": compiler_side_by_side_slowdown(max(jobs)),
+        }
+        if max(jobs) > 1
+        else {}
+    )
     for n in jobs:
         cache_dir = compile_cache_dir(work_dir, n)
         env = {"TORCHINDUCTOR_CACHE_DIR": str(work_dir / f"inductor-jobs{n}")}
@@ -598,8 +604,7 @@ def compile_times(checkpoint_dir: str, work_dir: Path, jobs: Sequence[int], repe
         "jobs": jobs[-1],
         "cold_seconds": last["seconds"],
         "cold_by_jobs": {str(n): c for n, c in cold.items()},
-        **({"side_by_side": side_by_side} if side_by_side else {}),
-        **({"compiler_side_by_side": compilers_side_by_side} if compilers_side_by_side else {}),
+        **caps,
         "warm_seconds": warm_seconds,
         "graphs": [
             {"name": c["name"], "cold_seconds": c["seconds"], "cold": c["cache"], "warm": w.cache}
