@@ -127,3 +127,13 @@ def test_a_warm_cli_compile_does_not_import_the_model_config_class(llama_checkpo
     args = [sys.executable, "-c", code, "compile", str(llama_checkpoint), "--cache-dir", str(cache), *flags]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert "3 graphs, 3 cache hits" in out and out.strip().endswith("NOT LOADED")
+
+
+def test_whether_sgemm_is_tuned_is_part_of_every_key(llama_checkpoint, monkeypatch):
+    """An Intel CPU's graphs swap no operands (``cpu.linear``): artifacts are not shared across that rule."""
+    target, specs = CompileTarget(str(llama_checkpoint), RUNNER), driver.all_graph_specs(RUNNER)
+    keys = {}
+    for tuned in (False, True):
+        monkeypatch.setattr(driver, "sgemm_tuned", lambda tuned=tuned: tuned)
+        keys[tuned] = {spec: key for spec, (key, _) in driver.graph_keys(target, specs).items()}
+    assert all(keys[False][spec] != keys[True][spec] for spec in specs)

@@ -363,7 +363,9 @@ def _targets(graphs):
 
 
 def test_torch_compile_traces_linear_as_a_custom_op_that_chooses_at_run_time(monkeypatch):
-    # A weight the swapped SGEMM takes from 2 rows on; oneDNN takes one row: three kernels by row count.
+    # A weight the swapped SGEMM takes from 2 rows on; oneDNN takes one row: three kernels by row count
+    # (the rule where MKL's SGEMM is untuned; with it tuned, as on an Intel CPU, eager calls keep it).
+    monkeypatch.setattr(cpu_linear, "sgemm_tuned", lambda: False)
     torch.manual_seed(0)
     weight, bias = torch.randn(2048, 1024) / 32, torch.randn(2048)
     real = dispatch._cpu_impls["linear"]
@@ -425,8 +427,9 @@ def test_torch_compile_keeps_the_reference_where_no_cpu_kernel_may_run(monkeypat
     assert not [t for t in _targets(graphs) if t.startswith("trnmodels.")]
 
 
-def test_torch_export_keeps_the_static_choice():
+def test_torch_export_keeps_the_static_choice(monkeypatch):
     """Our own graph capture (torch.export, static shapes) takes the kernel the shape selects, inline."""
+    monkeypatch.setattr(cpu_linear, "sgemm_tuned", lambda: False)  # 4 rows swap where SGEMM is untuned
     weight = torch.randn(2048, 1024)
 
     class Linear(torch.nn.Module):

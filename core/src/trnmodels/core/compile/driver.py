@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .. import neuron
 from ..causal_lm import check_model_config
+from ..cpu.linear import sgemm_tuned
 from ..errors import TrnModelsError
 from ..hf_config import load_hf_config
 from ..ops.dispatch import cpu_kernels_in_graphs
@@ -104,7 +105,8 @@ def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
     source = source_digest(importlib.import_module("trnmodels.core"), importlib.import_module(package))
     # The CPU kernels a capture takes change the graph, and the environment picks them
     # (TRNMODELS_CPU_KERNELS, TRNMODELS_KERNEL_BACKEND): a bisecting run must not reuse the others' graphs.
-    flags = dict(COMPILER_FLAGS, cpu_kernels_in_graphs=cpu_kernels_in_graphs())
+    # So does whether MKL's SGEMM is tuned for this CPU (an Intel CPU's graphs swap no operands).
+    flags = dict(COMPILER_FLAGS, cpu_kernels_in_graphs=cpu_kernels_in_graphs(), sgemm_tuned=sgemm_tuned())
     return {"dtype": target.dtype, "compiler_flags": flags, "source": source}
 
 
@@ -293,7 +295,8 @@ def compile_all(
     Cache hits are answered here without starting a worker; results come back in ``specs`` order. When
     the manifest of an earlier compile of the same inputs finds every graph in the cache, nothing else
     runs (see ``manifest``); otherwise the model's config is checked first, so a mesh or config the
-    model refuses fails here, not in every compile worker.
+    model refuses fails here, not in every compile worker. The workers start before that check, and
+    get ready (``_get_ready``) while this process makes it.
     """
     specs = list(specs or all_graph_specs(target.runner))
     cache = ArtifactCache(cache_dir)
@@ -303,39 +306,73 @@ def compile_all(
     )
     recorded = recorded_keys(cache, digest, specs) if digest else None
     results = _hits(cache, recorded or {})
-    if recorded is None or len(results) < len(specs):
-        keys = graph_keys(target, specs, check_model_config(target.checkpoint_dir, target.neuron_config()))
-        results = _hits(cache, keys)
-        misses = {spec: keyed for spec, keyed in keys.items() if spec not in results}
-    else:
-        keys, misses = recorded, {}
-    for result in results.values():
-        if on_result:
-            on_result(result)
 
     def deliver(spec: GraphSpec, result: GraphResult) -> None:
         results[spec] = result
         if on_result:
             on_result(result)
 
-    _compile_misses(target, cache_dir, misses, jobs, deliver)
-    if digest and keys is not recorded:
+    if recorded is not None and len(results) == len(specs):
+        for spec, result in list(results.items()):
+            deliver(spec, result)
+        return [results[spec] for spec in specs]
+    # At most the graphs the manifest did not find, less the one this process compiles.
+    with _workers(target, min(jobs, len(specs) - len(results)) - 1) as pool:
+        keys = graph_keys(target, specs, check_model_config(target.checkpoint_dir, target.neuron_config()))
+        results = {}
+        for spec, result in _hits(cache, keys).items():
+            deliver(spec, result)
+        misses = {spec: keyed for spec, keyed in keys.items() if spec not in results}
+        _compile_misses(target, cache_dir, misses, pool, deliver)
+    if digest:
         record_keys(cache, digest, keys)
     return [results[spec] for spec in specs]
+
+
+@dataclass(frozen=True)
+class _Pool:
+    executor: ProcessPoolExecutor
+    workers: int
+
+
+@contextmanager
+def _workers(target: CompileTarget, workers: int) -> Iterator[_Pool | None]:
+    """``workers`` compile processes (none if fewer than one), each told to get ready at once."""
+    if workers < 1:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as executor:
+        # A task is what starts a process; one each, so every worker gets ready side by side.
+        for _ in range(workers):
+            executor.submit(_get_ready, target)
+        yield _Pool(executor, workers)
+
+
+def _get_ready(target: CompileTarget) -> None:
+    """What a fresh process does before its first graph, done while the compile's own process reads the
+    model's config: import the compile stack and the plugin's model, and have the C++ compiler probe the
+    CPU's vector instructions (Inductor's probe compiles about ten test programs, about 8 s, and keeps
+    the answers in its cache, where the compile's own process then finds them)."""
+    from torch._inductor import compile_fx, cpu_vec_isa  # noqa: F401  (the compile stack's imports)
+
+    hf_config = load_hf_config(target.checkpoint_dir)
+    plugin_for_architecture(hf_config.architectures[0]).load_factory()
+    if not neuron.sdk_available():
+        cpu_vec_isa.pick_vec_isa()
 
 
 def _compile_misses(
     target: CompileTarget,
     cache_dir: str | None,
     misses: Keys,
-    jobs: int,
+    pool: _Pool | None,
     deliver: Callable[[GraphSpec, GraphResult], None],
 ) -> None:
-    """Compile ``misses`` in order, up to ``jobs`` at a time: this process and ``jobs - 1`` worker processes
-    sharing one queue (``share_queue``).
+    """Compile ``misses`` in order: this process and the workers of ``pool`` sharing one queue
+    (``share_queue``).
 
     This process compiles too, and takes the first graph (a prefill graph, the largest) while the
-    workers import torch: with graphs as the unit of work (a handful per config), a worker's start is
+    workers get ready: with graphs as the unit of work (a handful per config), a worker's start is
     on the critical path, and a queue shared by the compilers puts no graph behind a slow one.
     """
 
@@ -345,16 +382,12 @@ def _compile_misses(
     def delivered(item: tuple[GraphSpec, tuple[str, dict[str, Any]]], result: GraphResult) -> None:
         deliver(item[0], result)
 
-    workers = min(jobs, len(misses)) - 1
-    if workers < 1:
-        share_queue(misses.items(), [here], delivered)
-        return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    def in_worker(item: tuple[GraphSpec, tuple[str, dict[str, Any]]]) -> GraphResult:
+        assert pool is not None
+        return pool.executor.submit(compile_graph, target, item[0], cache_dir, item[1]).result()
 
-        def in_worker(item: tuple[GraphSpec, tuple[str, dict[str, Any]]]) -> GraphResult:
-            return pool.submit(compile_graph, target, item[0], cache_dir, item[1]).result()
-
-        share_queue(misses.items(), [here, *[in_worker] * workers], delivered)
+    workers = min(pool.workers if pool else 0, len(misses) - 1)
+    share_queue(misses.items(), [here, *[in_worker] * max(workers, 0)], delivered)
 
 
 def _hits(cache: ArtifactCache, keys: Keys) -> dict[GraphSpec, GraphResult]:

@@ -1,6 +1,7 @@
 """Linear layers on the CPU: one-row FP32 calls through oneDNN, a few rows against a large weight as a
 swapped SGEMM (in captured graphs, one row and five to eight rows are reductions Inductor fuses), and BF16
-computed in FP32 where faster.
+computed in FP32 where faster. On an Intel CPU, where MKL's SGEMM runs its own tuned kernels, eager calls
+keep it but for five or more rows against a large weight (see the notes at the end of the FP32 part).
 
 FP32: ``F.linear`` runs MKL's SGEMM, which packs the weight into its own blocked layout on every call.
 With one row (a batch-1 decode step) the packing is most of the call. oneDNN's inner product
@@ -122,9 +123,29 @@ rows the swapped SGEMM was as fast in the model (llama3 bench, batch 2: 12.8, 12
 oneDNN has no backward here and no BF16 inner product on a CPU without BF16 arithmetic, so calls needing
 either keep the reference or the path below.
 
+On an Intel CPU (a 2-vCPU Xeon with AMX) MKL runs its own tuned kernels, and the choices above, measured
+on an AMD EPYC where it takes generic code paths, mostly lose. ms a call (2 threads, a new weight every
+call, 300 MB of them; ``F.linear``, oneDNN, swapped):
+
+| weight (N × K) | 1 row | 2 rows | 4 rows | 8 rows |
+|---|---|---|---|---|
+| 4096 × 768 | 0.47, 0.50, 0.48 | 0.49, 0.64, 1.11 | 0.85, 0.72, 1.13 | 1.11, 0.76, 1.12 |
+| 768 × 2048 | 0.22, 0.34, 0.21 | 0.22, 0.31, 0.40 | 0.38, 0.33, 0.40 | 0.49, 0.36, 0.43 |
+| 768 × 768 | 0.084, 0.130, 0.088 | 0.086, 0.140, 0.190 | 0.121, 0.151, 0.194 | 0.146, 0.160, 0.197 |
+| 32000 × 768 | 3.57, 3.52, 3.40 | 3.51, 4.57, 8.05 | 6.90, 5.03, 8.63 | 10.9, 5.56, 8.56 |
+
+From 5 rows against a weight of ``SWAP_MIN_WEIGHT`` or more the swap gains again (``F.linear`` →
+swapped at 5, 8, 16, 32 rows: 32000 × 768 8.6 → 8.1, 12.4 → 8.1, 10.0 → 8.2, 12.5 → 10.9; 5760 × 2880
+7.4 → 5.4, 7.4 → 4.9, 7.7 → 4.6, 8.8 → 6.4; 4096 × 768 1.05 → 1.35, 1.29 → 1.21, 1.17 → 1.28, 1.52 →
+1.46). oneDNN's wins at 4 and 8 rows sum in its coarser order (above), so they are not taken. There
+(``sgemm_tuned``) eager FP32 calls of one to four rows keep ``F.linear``, and so do narrower weights;
+only 5 to ``SWAP_MAX_ROWS`` rows against a large weight swap. On the llama3 bench config the eager
+batch-1 decode step went from 21.7 to 16.8 ms (HF: 16.3), A/B in one process. Captured graphs keep
+their reductions, Inductor's own code on every CPU.
+
 BF16:
 
-Without AVX512-BF16 or AMX (an AVX2 CPU such as this machine's AMD EPYC), a BF16 matmul converts its
+Without AVX512-BF16 or AMX (an AVX2 CPU, or the AMD EPYC the FP32 figures above were measured on), a BF16 matmul converts its
 operands in software inside the GEMM's inner loop, at a cost per multiply-add; converting both operands
 to FP32 first costs one pass over the weight, then the FP32 GEMM runs at full speed. Measured here
 (2 threads; ms, BF16 ``F.linear`` → operands converted first):
@@ -162,9 +183,24 @@ SWAP_NARROW_MAX_K = 1024
 REDUCTION_MAX_ROWS = 8
 
 
+def _cpu_vendor() -> str:
+    """The CPU's vendor as the kernel reports it (``GenuineIntel``, ``AuthenticAMD``), or ``""`` if unknown."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
 # Read once at import: graph capture cannot trace torch's own queries, and the answers never change.
 _BF16_IN_HARDWARE = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 _ONEDNN = torch.backends.mkldnn.is_available()
+# MKL runs its own tuned kernels on Intel CPUs only (elsewhere, generic code paths): there its SGEMM is
+# the fastest FP32 call of one to a few rows, and the swap and oneDNN's inner product only lose (the notes).
+_SGEMM_TUNED = torch.backends.mkl.is_available() and _cpu_vendor() == "GenuineIntel"
 
 
 def bf16_in_hardware() -> bool:
@@ -205,10 +241,29 @@ def _records_gradient(tensors: tuple[torch.Tensor, ...]) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: one FP32 row, no gradient."""
+def sgemm_tuned() -> bool:
+    """Whether MKL's SGEMM runs its own tuned kernels on this CPU (an Intel CPU): then FP32 calls outside
+    captured graphs keep it (``F.linear``), and no call swaps its operands."""
+    return _SGEMM_TUNED
+
+
+def _one_fp32_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     tensors = _operands(x, weight, bias)
-    return _ONEDNN and _rows(x) == 1 and _all_fp32(tensors) and not _records_gradient(tensors)
+    return _rows(x) == 1 and _all_fp32(tensors) and not _records_gradient(tensors)
+
+
+def onednn_runs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether oneDNN's inner product computes ``F.linear(x, weight, bias)`` here: one FP32 row, no gradient,
+    outside a captured graph, on a CPU where MKL's SGEMM is not tuned (``sgemm_tuned``)."""
+    return (
+        _ONEDNN and not sgemm_tuned() and not torch.compiler.is_compiling() and _one_fp32_row(x, weight, bias)
+    )
+
+
+def one_row_reduction_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether a captured graph computes ``F.linear(x, weight, bias)`` as a one-row reduction: one FP32 row,
+    no gradient (on every CPU: Inductor's reduction streams the weight once, see the notes)."""
+    return torch.compiler.is_compiling() and _one_fp32_row(x, weight, bias)
 
 
 def reduction_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -226,12 +281,15 @@ def reduction_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``F.linear(x, weight, bias)`` runs faster as ``(weight @ x.T).T``: a few FP32 rows, a large
-    (or, at up to ``SWAP_NARROW_MAX_ROWS`` rows, a narrow) row-major weight."""
+    (or, at up to ``SWAP_NARROW_MAX_ROWS`` rows, a narrow) row-major weight. Where MKL's SGEMM is tuned
+    (``sgemm_tuned``) only more than ``SWAP_FEW_ROWS`` rows against a large weight swap (the notes)."""
     rows = _rows(x)
     narrow = weight.shape[-1] <= SWAP_NARROW_MAX_K
-    from_smaller = rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and narrow)
+    tuned = sgemm_tuned()
+    from_smaller = not tuned and (rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and narrow))
     return (
-        2 <= rows <= SWAP_MAX_ROWS
+        (SWAP_FEW_ROWS < rows if tuned else 2 <= rows)
+        and rows <= SWAP_MAX_ROWS
         and weight.numel() >= (SWAP_FEW_ROWS_MIN_WEIGHT if from_smaller else SWAP_MIN_WEIGHT)
         and weight.is_contiguous()
         and _all_fp32(_operands(x, weight, bias))
@@ -248,9 +306,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     if reduction_pays(x, weight, bias):
         return _few_rows_reduction(x, weight, bias)
+    if one_row_reduction_pays(x, weight, bias):
+        return _one_row_reduction(x, weight, bias)
     if onednn_runs(x, weight, bias):
-        if torch.compiler.is_compiling():
-            return _one_row_reduction(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if swap_pays(x, weight, bias):
         rows = x.reshape(-1, x.shape[-1]).mT
@@ -305,6 +363,7 @@ def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return (
         packed_gemm(weight) is not None
         or onednn_runs(x, weight, bias)
+        or one_row_reduction_pays(x, weight, bias)
         or reduction_pays(x, weight, bias)
         or swap_pays(x, weight, bias)
         or upcast_pays(x, weight, bias)
