@@ -145,8 +145,8 @@ their reductions, Inductor's own code on every CPU.
 
 BF16:
 
-Without AVX512-BF16 or AMX (an AVX2 CPU, or the AMD EPYC the FP32 figures above were measured on), a BF16 matmul converts its
-operands in software inside the GEMM's inner loop, at a cost per multiply-add; converting both operands
+Without AVX512-BF16 or AMX (an AVX2 CPU, or the AMD EPYC the FP32 figures above were measured on), a
+BF16 matmul converts its operands in software inside the GEMM's inner loop, at a cost per multiply-add; converting both operands
 to FP32 first costs one pass over the weight, then the FP32 GEMM runs at full speed. Measured here
 (2 threads; ms, BF16 ``F.linear`` → operands converted first):
 
@@ -199,7 +199,7 @@ def _cpu_vendor() -> str:
 _BF16_IN_HARDWARE = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 _ONEDNN = torch.backends.mkldnn.is_available()
 # MKL runs its own tuned kernels on Intel CPUs only (elsewhere, generic code paths): there its SGEMM is
-# the fastest FP32 call of one to a few rows, and the swap and oneDNN's inner product only lose (the notes).
+# the fastest FP32 call of one to four rows, and oneDNN's inner product and a swap of so few rows lose.
 _SGEMM_TUNED = torch.backends.mkl.is_available() and _cpu_vendor() == "GenuineIntel"
 
 
@@ -243,7 +243,7 @@ def _records_gradient(tensors: tuple[torch.Tensor, ...]) -> bool:
 
 def sgemm_tuned() -> bool:
     """Whether MKL's SGEMM runs its own tuned kernels on this CPU (an Intel CPU): then FP32 calls outside
-    captured graphs keep it (``F.linear``), and no call swaps its operands."""
+    captured graphs keep it (``F.linear``), but for 5 to ``SWAP_MAX_ROWS`` rows against a large weight."""
     return _SGEMM_TUNED
 
 
