@@ -133,11 +133,16 @@ def graph_key(target: CompileTarget, spec: GraphSpec) -> tuple[str, dict[str, An
     return graph_keys(target, [spec])[spec]
 
 
+def _model_factory(target: CompileTarget) -> tuple[Any, Callable[..., torch.nn.Module]]:
+    """The checkpoint's config and its plugin's model factory (importing the model's code)."""
+    hf_config = load_hf_config(target.checkpoint_dir)
+    return hf_config, plugin_for_architecture(hf_config.architectures[0]).load_factory()
+
+
 def build_model_for_tracing(target: CompileTarget) -> torch.nn.Module:
     """The model with uninitialised weights: shapes and code are all a capture needs."""
-    hf_config = load_hf_config(target.checkpoint_dir)
-    plugin = plugin_for_architecture(hf_config.architectures[0])
-    return plugin.load_factory()(hf_config, target.neuron_config())
+    hf_config, factory = _model_factory(target)
+    return factory(hf_config, target.neuron_config())
 
 
 def _user_frames(error: BaseException) -> str:
@@ -313,8 +318,9 @@ def compile_all(
             on_result(result)
 
     if recorded is not None and len(results) == len(specs):
-        for spec, result in list(results.items()):
-            deliver(spec, result)
+        for result in results.values():
+            if on_result:
+                on_result(result)
         return [results[spec] for spec in specs]
     # At most the graphs the manifest did not find, less the one this process compiles.
     with _workers(target, min(jobs, len(specs) - len(results)) - 1) as pool:
@@ -355,8 +361,7 @@ def _get_ready(target: CompileTarget) -> None:
     the answers in its cache, where the compile's own process then finds them)."""
     from torch._inductor import compile_fx, cpu_vec_isa  # noqa: F401  (the compile stack's imports)
 
-    hf_config = load_hf_config(target.checkpoint_dir)
-    plugin_for_architecture(hf_config.architectures[0]).load_factory()
+    _model_factory(target)
     if not neuron.sdk_available():
         cpu_vec_isa.pick_vec_isa()
 
