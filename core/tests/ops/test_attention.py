@@ -194,23 +194,26 @@ MAX_BLOCKS = 3
 LENS = (6, 11)
 
 
-def _paged_setup(h: int, hkv: int, seed: int):
-    """Two sequences written into a shuffled paged cache (block 0 unused); returns per-seq Q/K/V too."""
+def _paged_setup(h: int, hkv: int, seed: int, lens: tuple[int, ...] = LENS, dtype=torch.float32):
+    """Sequences written into a shuffled paged cache (block 0 unused); returns per-seq Q/K/V too."""
     torch.manual_seed(seed)
-    seqs = [(torch.randn(n, h, D), torch.randn(n, hkv, D), torch.randn(n, hkv, D)) for n in LENS]
+    seqs = [
+        tuple(torch.randn(n, heads, D).to(dtype) for heads in (h, hkv, hkv))  # q, k, v
+        for n in lens
+    ]
     # Garbage everywhere, so anything read outside the context shows up.
-    k_cache = 50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)
-    v_cache = 50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)
+    k_cache = (50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)).to(dtype)
+    v_cache = (50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)).to(dtype)
     blocks = (torch.randperm(NUM_BLOCKS - 1) + 1).tolist()
-    block_tables = torch.zeros(len(LENS), MAX_BLOCKS, dtype=torch.long)  # unused entries point at block 0
-    for b, (n, (_, k, v)) in enumerate(zip(LENS, seqs, strict=True)):
+    block_tables = torch.zeros(len(lens), MAX_BLOCKS, dtype=torch.long)  # unused entries point at block 0
+    for b, (n, (_, k, v)) in enumerate(zip(lens, seqs, strict=True)):
         for j in range(-(-n // BLOCK)):
             block_tables[b, j] = blocks.pop()
         for p in range(n):
             blk, off = block_tables[b, p // BLOCK], p % BLOCK
             k_cache[blk, :, off] = k[p]
             v_cache[blk, :, off] = v[p]
-    return seqs, k_cache, v_cache, block_tables, torch.tensor(LENS)
+    return seqs, k_cache, v_cache, block_tables, torch.tensor(lens)
 
 
 @pytest.mark.parametrize(
@@ -262,6 +265,58 @@ def test_decode_cpu_kernel_reads_only_the_blocks_the_batch_filled(monkeypatch, o
     assert decode_attention.reference(*args, scale=SCALE, **opts).isnan().all()
     monkeypatch.setenv("TRNMODELS_CPU_KERNELS", "none")
     assert decode_attention(*args, scale=SCALE, **opts).isnan().all()
+
+
+@pytest.mark.parametrize("opts", [{}, {"sliding_window": 3}], ids=["causal", "sliding"])
+@pytest.mark.parametrize(
+    "lens", [(6, 11), (7, 7), (8, 8), (1, 12)], ids=["ragged", "equal", "block-aligned", "one-token"]
+)
+@pytest.mark.parametrize("hkv", [2, 1], ids=["GQA", "MQA"])
+@torch.no_grad()
+def test_decode_cpu_kernel_matches_the_reference_fp32_and_bf16(opts, lens, hkv):
+    """The fused kernel (torch's attention over the live blocks) against the reference: FP32 as close as
+    the reference is to a float64 truth, BF16 within the three-way bounds of the reference's own BF16
+    error. Equal lengths take the unmasked path, ragged ones and a window the masked one."""
+    h = 8
+    seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(h, hkv, seed=5, lens=lens)
+    q_last = torch.stack([q[-1] for q, _, _ in seqs])
+    args = (q_last, k_cache, v_cache, block_tables, context_lens)
+    assert select_backend("decode_attention", *args) == "cpu"
+    kernel = decode_attention(*args, scale=SCALE, **opts)
+    reference = decode_attention.reference(*args, scale=SCALE, **opts)
+    truth = decode_attention.reference(
+        *(t.double() if t.is_floating_point() else t for t in args), scale=SCALE, **opts
+    )
+    assert (kernel.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max() + 1e-6
+    torch.testing.assert_close(kernel, reference)
+    bf16 = tuple(t.bfloat16() if t.is_floating_point() else t for t in args)
+    target = decode_attention(*bf16, scale=SCALE, **opts)
+    assert target.dtype == torch.bfloat16
+    expected = decode_attention.reference(
+        *(t.double() if t.is_floating_point() else t for t in bf16), scale=SCALE, **opts
+    )
+    baseline = decode_attention.reference(*bf16, scale=SCALE, **opts)
+    assert_close_three_way(target, expected, baseline, name="decode attention cpu kernel bf16")
+
+
+@torch.no_grad()
+def test_decode_cpu_kernel_cuts_positions_past_the_longest_context():
+    """Positions past every row's length inside the last live block are left out, not masked: NaN there
+    (a block's unwritten tail may hold anything) reaches neither row, where the reference's masked
+    weights multiply it."""
+    h = 8
+    seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(h, 2, seed=4, lens=(7, 7))
+    for table in block_tables:
+        k_cache[table[1], :, 3], v_cache[table[1], :, 3] = float("nan"), float("nan")  # position 7
+    q_last = torch.stack([q[-1] for q, _, _ in seqs])
+    out = decode_attention(q_last, k_cache, v_cache, block_tables, context_lens, scale=SCALE)
+    for b, (q, k, v) in enumerate(seqs):
+        torch.testing.assert_close(out[b], _hand(q, k, v, _causal(len(q)), SCALE)[-1])
+    assert (
+        decode_attention.reference(q_last, k_cache, v_cache, block_tables, context_lens, scale=SCALE)
+        .isnan()
+        .all()
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -172,3 +172,25 @@ def test_compiled_graphs_of_eight_rows_match_eager(make_checkpoint, tmp_path):
     compiled = Runner(model, runner_cfg, graphs=graphs).generate(prompts, params)
     eager = Runner(model, runner_cfg).generate(prompts, params)
     assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
+
+
+def test_runners_sharing_a_model_each_step_on_their_own_caches(make_checkpoint, monkeypatch):
+    """An eager step binds its runner's caches only when the layers hold others: once for a runner's
+    first step, and again after another runner on the same model has stepped."""
+    ckpt, hf = make_checkpoint(seed=5)
+    model = build_model(ckpt, CompileTarget(str(ckpt), RUNNER).neuron_config(), progress=False)
+    first, second = Runner(model, RUNNER), Runner(model, RUNNER)
+    binds: list[int] = []
+    bind = model.bind_kv_cache
+    monkeypatch.setattr(model, "bind_kv_cache", lambda caches: binds.append(1) or bind(caches))
+    prompt, params = [5, 6, 7, 8], SamplingParams(max_new_tokens=6, ignore_eos=True)
+    expected = hf_greedy(hf, prompt, 6)
+
+    assert first.generate([prompt], params)[0].token_ids == expected
+    assert len(binds) == 1  # a prefill and 5 decode steps, one bind
+    assert second.generate([prompt], params)[0].token_ids == expected
+    layer = next(m for m in model.modules() if hasattr(m, "k_cache") and m.k_cache is not None)
+    assert layer.k_cache is second.caches[0]
+    assert first.generate([prompt], params)[0].token_ids == expected
+    assert layer.k_cache is first.caches[0]
+    assert len(binds) == 3
