@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .llm.report import Target
+from .machine import machine_info
 
 # The small config: a 4-layer DiT of width 512 on a 17-frame 128x128 video (5x16x16 latents -> 320 tokens),
 # and a VAE of base width 32 decoding it, untiled and tiled into 64 px tiles every 48 px.
@@ -352,6 +353,9 @@ def run(out_dir: Path, quick: bool) -> dict[str, Any]:
         "config": {"dit": DIT, "vae": VAE, "latent": LATENT, "text_len": TEXT_LEN, "tiles": TILES},
         "host": {
             "machine": platform.machine(),
+            # Which CPU: its vendor decides MKL's code paths, and so much of what the graphs are compared with.
+            "cpu": machine_info(())["cpu"],
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "load_average_1m": os.getloadavg()[0],
@@ -511,6 +515,12 @@ def targets_section(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _cpu(host: dict[str, Any]) -> str:
+    if "cpu" not in host:  # a page from before the CPU was recorded
+        return ""
+    return f"{host['cpu']} (torch CPU capability {host['cpu_capability']}), "
+
+
 def _others(host: dict[str, Any]) -> str:
     if "other_processes_cores" not in host:  # a page from before the figure was recorded
         return f"load average {host['load_average_1m']:.1f} at the end of the run, this run's own included"
@@ -548,7 +558,7 @@ def write(out_dir: Path, report: dict[str, Any]) -> None:
         "untiled and tiled into 64 px tiles every 48 px.",
         "",
         *targets_section(report),
-        f"Host: {host['cpus']} CPUs ({host['threads']} torch threads); {_others(host)}; "
+        f"Host: {_cpu(host)}{host['cpus']} CPUs ({host['threads']} torch threads); {_others(host)}; "
         f"torch {host['torch']}; {runs} per case (timing after a warm-up)"
         + (" (`--quick`)." if report.get("quick") else "."),
         "",

@@ -72,6 +72,8 @@ def report(*, diffusers: float, compiled: float, floor: float, vae: float, vae_p
         "results": results,
         "ratios": {"dit compiled / diffusers (time)": compiled / diffusers},
         "host": {
+            "cpu": "Intel(R) Xeon(R) Processor",
+            "cpu_capability": "AVX512",
             "cpus": 2,
             "threads": 2,
             "load_average_1m": 2.0,
@@ -121,6 +123,7 @@ def test_page_says_why_a_target_is_missed(tmp_path: Path, floor: float, expect: 
     assert "oneDNN's inner product would run the same projections in " + f"{500 * floor:.1f} ms" in page
     assert "up to 2.5× SGEMM's on these shapes" in page
     assert "other processes used 0.05 of its cores on average during the run" in page
+    assert "Host: Intel(R) Xeon(R) Processor (torch CPU capability AVX512), 2 CPUs (2 torch threads)" in page
     assert "the median of 3 timed runs (15 for a DiT step) and 3 memory processes per case" in page
     assert "Ours adds 173.4 MB at its peak, diffusers 170.0 MB (+3.4 MB)" in page
     assert "ours ÷ diffusers' time: 0.9×" not in page  # a met target gets no explanation
