@@ -349,13 +349,14 @@ def run(out_dir: Path, quick: bool) -> dict[str, Any]:
     }
     machine_end, own_end = cpu_seconds()
     wall = time.perf_counter() - wall_start
+    cpu = machine_info(())
     report = {
         "config": {"dit": DIT, "vae": VAE, "latent": LATENT, "text_len": TEXT_LEN, "tiles": TILES},
         "host": {
             "machine": platform.machine(),
             # Which CPU: its vendor decides MKL's code paths, and so much of what the graphs are compared with.
-            "cpu": machine_info(())["cpu"],
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu["cpu"],
+            "cpu_capability": cpu["cpu_capability"],
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "load_average_1m": os.getloadavg()[0],

@@ -194,16 +194,13 @@ MAX_BLOCKS = 3
 LENS = (6, 11)
 
 
-def _paged_setup(h: int, hkv: int, seed: int, lens: tuple[int, ...] = LENS, dtype=torch.float32):
+def _paged_setup(h: int, hkv: int, seed: int, lens: tuple[int, ...] = LENS):
     """Sequences written into a shuffled paged cache (block 0 unused); returns per-seq Q/K/V too."""
     torch.manual_seed(seed)
-    seqs = [
-        tuple(torch.randn(n, heads, D).to(dtype) for heads in (h, hkv, hkv))  # q, k, v
-        for n in lens
-    ]
+    seqs = [(torch.randn(n, h, D), torch.randn(n, hkv, D), torch.randn(n, hkv, D)) for n in lens]
     # Garbage everywhere, so anything read outside the context shows up.
-    k_cache = (50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)).to(dtype)
-    v_cache = (50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)).to(dtype)
+    k_cache = 50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)
+    v_cache = 50.0 * torch.randn(NUM_BLOCKS, hkv, BLOCK, D)
     blocks = (torch.randperm(NUM_BLOCKS - 1) + 1).tolist()
     block_tables = torch.zeros(len(lens), MAX_BLOCKS, dtype=torch.long)  # unused entries point at block 0
     for b, (n, (_, k, v)) in enumerate(zip(lens, seqs, strict=True)):
@@ -267,6 +264,11 @@ def test_decode_cpu_kernel_reads_only_the_blocks_the_batch_filled(monkeypatch, o
     assert decode_attention(*args, scale=SCALE, **opts).isnan().all()
 
 
+def _floats_as(dtype: torch.dtype, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The floating-point tensors in ``dtype``, the rest (block tables, lengths) as they are."""
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+
+
 @pytest.mark.parametrize("opts", [{}, {"sliding_window": 3}], ids=["causal", "sliding"])
 @pytest.mark.parametrize(
     "lens", [(6, 11), (7, 7), (8, 8), (1, 12)], ids=["ragged", "equal", "block-aligned", "one-token"]
@@ -284,17 +286,13 @@ def test_decode_cpu_kernel_matches_the_reference_fp32_and_bf16(opts, lens, hkv):
     assert select_backend("decode_attention", *args) == "cpu"
     kernel = decode_attention(*args, scale=SCALE, **opts)
     reference = decode_attention.reference(*args, scale=SCALE, **opts)
-    truth = decode_attention.reference(
-        *(t.double() if t.is_floating_point() else t for t in args), scale=SCALE, **opts
-    )
+    truth = decode_attention.reference(*_floats_as(torch.float64, args), scale=SCALE, **opts)
     assert (kernel.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max() + 1e-6
     torch.testing.assert_close(kernel, reference)
-    bf16 = tuple(t.bfloat16() if t.is_floating_point() else t for t in args)
+    bf16 = _floats_as(torch.bfloat16, args)
     target = decode_attention(*bf16, scale=SCALE, **opts)
     assert target.dtype == torch.bfloat16
-    expected = decode_attention.reference(
-        *(t.double() if t.is_floating_point() else t for t in bf16), scale=SCALE, **opts
-    )
+    expected = decode_attention.reference(*_floats_as(torch.float64, bf16), scale=SCALE, **opts)
     baseline = decode_attention.reference(*bf16, scale=SCALE, **opts)
     assert_close_three_way(target, expected, baseline, name="decode attention cpu kernel bf16")
 

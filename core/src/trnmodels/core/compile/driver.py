@@ -318,8 +318,8 @@ def compile_all(
             on_result(result)
 
     if recorded is not None and len(results) == len(specs):
-        for result in results.values():
-            if on_result:
+        if on_result:
+            for result in results.values():
                 on_result(result)
         return [results[spec] for spec in specs]
     # At most the graphs the manifest did not find, less the one this process compiles.

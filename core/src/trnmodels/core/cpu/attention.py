@@ -8,7 +8,7 @@ the batch's longest context are masked for every row, so they can be left out: t
 8, 64 of a 256-token bucket's positions on the bench). The reference's chain of about twenty small ops
 (two gathers and transposes, the mask, two batched matmuls, softmax) then cost more than the step's
 arithmetic: a layer of SmolLM2-135M at batch 1 and 65 cached tokens took 111 µs here against 11 µs for
-torch's fused attention alone. So the kernel gathers the live blocks with ``index_select`` and attends
+torch's fused attention alone. So the kernel gathers the live blocks (``ops.gather_paged``) and attends
 with ``F.scaled_dot_product_attention``, each group's query heads as query rows of their shared K/V
 head. Softcapping and sinks, which the fused kernel has no term for, keep the reference's arithmetic.
 """
@@ -19,16 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.attention import decode_attention as reference_op
+from ..ops.attention import decode_visible, gather_paged
 from ..ops.dispatch import register_cpu
-
-
-def _live_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """``cache [num_blocks, Hkv, block_size, D]`` at ``block_tables [B, live]`` → ``[B, Hkv, live *
-    block_size, D]``."""
-    b, live = block_tables.shape
-    _, hkv, block_size, d = cache.shape
-    blocks = cache.index_select(0, block_tables.reshape(-1)).view(b, live, hkv, block_size, d)
-    return blocks.transpose(1, 2).reshape(b, hkv, live * block_size, d)
 
 
 def decode_attention(
@@ -44,10 +36,9 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``ops.decode_attention`` over the first ``ceil(max(context_lens) / block_size)`` blocks."""
-    block_size = k_cache.shape[2]
     lens = [max(n, 1) for n in context_lens.tolist()]
-    live = -(-max(lens) // block_size)
-    tables = block_tables[:, :live]
+    longest = max(lens)
+    tables = block_tables[:, : -(-longest // k_cache.shape[2])]
     fused = (
         softcap is None
         and sinks is None
@@ -56,30 +47,15 @@ def decode_attention(
         and v_cache.shape[-1] == q.shape[-1]
     )
     if not fused:
-        return reference_op.reference(
-            q,
-            k_cache,
-            v_cache,
-            tables,
-            context_lens,
-            scale=scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=sinks,
-        )
+        options = dict(scale=scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks)
+        return reference_op.reference(q, k_cache, v_cache, tables, context_lens, **options)
     b, h, d = q.shape
     hkv = k_cache.shape[1]
     # Positions past the longest context are masked for every row: cut, not masked.
-    longest = max(lens)
-    k, v = _live_kv(k_cache, tables)[:, :, :longest], _live_kv(v_cache, tables)[:, :, :longest]
+    k, v = gather_paged(k_cache, tables)[:, :, :longest], gather_paged(v_cache, tables)[:, :, :longest]
     mask = None
     if min(lens) < longest or (sliding_window is not None and longest > sliding_window):
-        key_pos = torch.arange(longest)
-        last = (context_lens - 1)[:, None]
-        visible = key_pos[None, :] <= last
-        if sliding_window is not None:
-            visible = visible & (last - key_pos[None, :] < sliding_window)
-        mask = visible[:, None, None, :]
+        mask = decode_visible(context_lens, longest, sliding_window)[:, None, None, :]
     out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v, attn_mask=mask, scale=scale)
     return out.reshape(b, h, v.shape[-1])
 

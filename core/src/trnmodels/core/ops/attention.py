@@ -94,8 +94,22 @@ def gather_paged(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tenso
     """``cache [num_blocks, Hkv, block_size, D]`` → ``[B, Hkv, max_blocks * block_size, D]`` per sequence."""
     b, max_blocks = block_tables.shape
     _, hkv, block_size, d = cache.shape
-    blocks = cache[block_tables.reshape(-1)].reshape(b, max_blocks, hkv, block_size, d)
+    # index_select, not advanced indexing: the same copy, at half the host cost of an eager call.
+    blocks = cache.index_select(0, block_tables.reshape(-1)).view(b, max_blocks, hkv, block_size, d)
     return blocks.transpose(1, 2).reshape(b, hkv, max_blocks * block_size, d)
+
+
+def decode_visible(
+    context_lens: torch.Tensor, length: int, sliding_window: int | None = None
+) -> torch.Tensor:
+    """``[B, length]`` bool: cache position p is visible to sequence b iff ``p < context_lens[b]`` and, with
+    a window W, ``context_lens[b] - 1 - p < W``."""
+    key_pos = torch.arange(length, device=context_lens.device)
+    last = (context_lens - 1)[:, None]
+    visible = key_pos[None, :] <= last
+    if sliding_window is not None:
+        visible = visible & (last - key_pos[None, :] < sliding_window)
+    return visible
 
 
 @kernel_op("decode_attention")
@@ -118,11 +132,7 @@ def decode_attention(
     """
     k = gather_paged(k_cache, block_tables)
     v = gather_paged(v_cache, block_tables)
-    key_pos = torch.arange(k.shape[2], device=q.device)
-    last = (context_lens - 1)[:, None]
-    visible = key_pos[None, :] <= last
-    if sliding_window is not None:
-        visible = visible & (last - key_pos[None, :] < sliding_window)
+    visible = decode_visible(context_lens, k.shape[2], sliding_window)
     out = scaled_dot_product(
         q[:, :, None, :], k, v, visible[:, None, None, :], scale=scale, softcap=softcap, sinks=sinks
     )
