@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from vllm.model_executor.layers.fused_moe.experts.cpu_moe import X86CPUUnquantizedExperts
 from vllm_harness import MAX_TOKENS, PLUGINS, PROMPTS, run_offline
 
 from trnmodels.core import ops
 from trnmodels.core.modules import MoEExperts
-from trnmodels.core.vllm.fused_moe import VllmFusedExperts, swap_fused_experts, why_not_fused
+from trnmodels.core.vllm.fused_moe import VllmFusedExperts, kernel_isa, swap_fused_experts, why_not_fused
 
 E, K, H, INTER, T = 8, 2, 64, 96, 12
 
@@ -41,21 +42,34 @@ def float64_truth(experts: MoEExperts, x, weights, chosen) -> torch.Tensor:
         )  # fmt: skip
 
 
+# vLLM's own unquantized experts take its AMX kernel where this says the CPU runs it.
+AMX = X86CPUUnquantizedExperts._supports_current_device()
+
+
+@pytest.mark.parametrize(
+    "isa", ["vec", pytest.param("amx", marks=pytest.mark.skipif(not AMX, reason="no AMX tiles on this CPU"))]
+)
 @pytest.mark.parametrize("act", ["swiglu_clamped", "silu", "gelu_tanh", "gelu_pytorch_tanh"])
 @pytest.mark.parametrize("tokens", [1, T, 80])
-def test_fused_experts_match_a_float64_truth_like_cores_kernel(act, tokens):
-    """Decode (1 token), a batch, a prefill: within BF16 rounding of the truth, as close as core's own."""
+def test_fused_experts_match_a_float64_truth_like_cores_kernel(act, tokens, isa):
+    """Decode (1 token), a batch, a prefill, on each of vLLM's kernels this CPU runs: within BF16 rounding
+    of the truth, as close as core's own."""
     experts = random_experts(act)
     assert why_not_fused(experts) is None
     x, weights, chosen = routed(experts, tokens)
     truth = float64_truth(experts, x, weights, chosen)
     rank = torch.tensor(0)
     ours = experts(x, weights, chosen, rank)
-    fused = VllmFusedExperts(experts)(x, weights, chosen, rank)
+    fused = VllmFusedExperts(experts, isa=isa)(x, weights, chosen, rank)
     assert fused.dtype == torch.bfloat16 and fused.shape == x.shape
     scale = truth.abs().max().item()
     torch.testing.assert_close(fused.double(), truth, rtol=2**-6, atol=2**-6 * scale)
     assert (fused.double() - truth).abs().max() <= 2 * (ours.double() - truth).abs().max() + 2**-8 * scale
+
+
+def test_the_swap_picks_the_kernel_vllms_own_experts_pick_here():
+    """vLLM's own unquantized experts take the AMX kernel on an x86 CPU with AMX tiles, else the vector one."""
+    assert kernel_isa() == VllmFusedExperts(random_experts()).isa == ("amx" if AMX else "vec")
 
 
 def test_non_finite_inputs_stay_non_finite():
