@@ -81,6 +81,24 @@ def test_write_then_read_sequence_round_trip():
         assert torch.all(k_cache[block] == 0) and torch.all(v_cache[block] == 0)
 
 
+def test_eager_write_matches_the_indexed_assignment_of_graphs():
+    """Eagerly on the CPU, contiguous caches take the flat ``index_copy_`` (rows looked up by the slots'
+    values); a capture, or a cache that is a strided view, takes the indexed assignment. Both write the
+    same values at the same places, from strided K/V views as a fused QKV projection yields."""
+    torch.manual_seed(1)
+    qkv = torch.randn(10, 3 * 2 * 3)
+    k, v = qkv[:, 6:12].view(10, 2, 3), qkv[:, 12:].view(10, 2, 3)
+    slots = slot_mapping(TABLE, torch.arange(10), BLOCK)
+    flat = _cache()
+    strided = tuple(torch.zeros(8, 2, BLOCK, 6)[..., :3] for _ in range(2))
+    assert not strided[0].is_contiguous()
+    for rows in (slice(0, 7), slice(7, 10), slice(7, 10)):  # a prefill, a decode batch of 3, and again
+        write_kv(*flat, k[rows], v[rows], slots[rows])
+        write_kv(*strided, k[rows], v[rows], slots[rows])
+    assert torch.equal(flat[0], strided[0]) and torch.equal(flat[1], strided[1])
+    torch.testing.assert_close(read_sequence_kv(flat[1], TABLE, 10), v.transpose(0, 1))
+
+
 def test_write_converts_to_cache_dtype():
     k_cache = torch.zeros(2, 1, BLOCK, 2, dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)

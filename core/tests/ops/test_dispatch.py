@@ -56,11 +56,14 @@ def test_cpu_tensors_are_not_neuron_tensors():
     assert not neuron.is_neuron_tensor("not a tensor")
 
 
-def test_auto_selects_torch():
+def test_auto_selects_the_cpu_kernel_where_it_runs_else_torch():
     x, w = _inputs()
     assert current_backend() == "auto"
-    assert select_backend("rms_norm", x, w, EPS) == "torch"
+    assert select_backend("rms_norm", x, w, EPS) == "cpu"  # FP32, the plain form
     torch.testing.assert_close(ops.rms_norm(x, w, EPS), _hand_rms_norm(x, w))
+    assert select_backend("rms_norm", x, w - 1.0, EPS, 1.0) == "torch"  # the Gemma form: no CPU kernel
+    torch.testing.assert_close(ops.rms_norm(x, w - 1.0, EPS, 1.0), _hand_rms_norm(x, w))
+    assert select_backend("layer_norm", x, None, None, EPS) == "torch"
 
 
 def test_env_var_torch(monkeypatch):
@@ -259,8 +262,10 @@ def test_supports_predicate_is_honoured(fake_neuron, monkeypatch):
     # The predicate sees the op's own arguments, keyword ones included.
     assert seen == [((2, 8), 3.0), ((2, 4), 3.0)]
     # select_backend honours a predicate passed directly, too.
-    assert select_backend("rms_norm", x8, supports=lambda *a, **k: False) == "torch"
-    assert select_backend("rms_norm", x8, supports=lambda *a, **k: True) == "nki"
+    # (BF16, which rms_norm's CPU kernel leaves to the reference.)
+    call = (x8.bfloat16(), torch.ones(8, dtype=torch.bfloat16), EPS)
+    assert select_backend("rms_norm", *call, supports=lambda *a, **k: False) == "torch"
+    assert select_backend("rms_norm", *call, supports=lambda *a, **k: True) == "nki"
 
 
 def test_fake_does_not_leak():
@@ -283,7 +288,7 @@ def _experts_call():
 def test_cpu_kernel_runs_by_default_and_the_torch_backend_runs_the_reference(monkeypatch):
     assert "moe_experts" in cpu_kernels_enabled()
     assert select_backend("moe_experts", *_experts_call()) == "cpu"
-    assert select_backend("rms_norm", torch.zeros(2)) == "torch"  # no CPU kernel: the reference
+    assert select_backend("layer_norm", torch.zeros(2), None, None, EPS) == "torch"  # no CPU kernel
     with use_backend("torch"):
         assert select_backend("moe_experts", *_experts_call()) == "torch"
     monkeypatch.setenv(ENV_VAR, "torch")
@@ -297,8 +302,8 @@ def test_cpu_kernels_env_var_selects_per_op(monkeypatch, value, expected):
 
 
 def test_cpu_kernels_env_var_names_an_op_without_a_kernel(monkeypatch):
-    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "moe_experts,rms_norm")
-    with pytest.raises(ConfigError, match=r"TRNMODELS_CPU_KERNELS: no CPU kernel for \['rms_norm'\]"):
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "moe_experts,layer_norm")
+    with pytest.raises(ConfigError, match=r"TRNMODELS_CPU_KERNELS: no CPU kernel for \['layer_norm'\]"):
         select_backend("moe_experts", *_experts_call())
 
 
@@ -440,3 +445,34 @@ def test_torch_export_keeps_the_static_choice(monkeypatch):
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert "aten.mm.default" in targets
     assert not [t for t in targets if t.startswith("trnmodels.")]
+
+
+def test_an_eager_call_follows_every_change_of_the_settings(monkeypatch):
+    """Eager calls remember the settings they were read from, and read them again when one changes."""
+    calls = []
+    kernel = dispatch._cpu_impls["rms_norm"]
+    monkeypatch.setitem(dispatch._cpu_impls, "rms_norm", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    x, w = _inputs()
+
+    def ran_kernel() -> bool:
+        before = len(calls)
+        torch.testing.assert_close(ops.rms_norm(x, w, EPS), _hand_rms_norm(x, w))
+        return len(calls) > before
+
+    assert ran_kernel()
+    monkeypatch.setenv(ENV_VAR, "torch")
+    assert not ran_kernel()
+    monkeypatch.setenv(ENV_VAR, "auto")
+    assert ran_kernel()
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "linear")
+    assert not ran_kernel()
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "linear,no_such_kernel")
+    with pytest.raises(ConfigError, match="no_such_kernel"):
+        ops.rms_norm(x, w, EPS)
+    with pytest.raises(ConfigError, match="no_such_kernel"):  # a bad setting is never remembered
+        ops.rms_norm(x, w, EPS)
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "rms_norm")
+    assert ran_kernel()
+    with use_backend("torch"):
+        assert not ran_kernel()
+    assert ran_kernel()

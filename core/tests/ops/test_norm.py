@@ -7,7 +7,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from trnmodels.core.accuracy.three_way import assert_close_three_way
-from trnmodels.core.ops import layer_norm, rms_norm
+from trnmodels.core.ops import layer_norm, rms_norm, select_backend
 
 HIDDEN = 64
 EPS = 1e-6
@@ -118,3 +118,31 @@ def test_layer_norm_bf16_computes_in_fp32():
     assert_close_three_way(out, expected, baseline, name="layer_norm bf16")
     # One rounding of the fp32 result: within half a bf16 ulp of the gold.
     torch.testing.assert_close(out, expected.bfloat16(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 256])
+@pytest.mark.parametrize("scale_in_float32", [False, True])
+@torch.no_grad()
+def test_rms_norm_cpu_kernel_matches_llama_and_the_reference_fp32(rows, scale_in_float32):
+    """The CPU kernel (torch's fused ``F.rms_norm``) takes FP32 calls of the plain form: against
+    transformers' LlamaRMSNorm and the reference, as close as the reference is to a float64 truth."""
+    torch.manual_seed(rows)
+    x = torch.randn(rows, HIDDEN) * 3.0
+    w = 1.0 + 0.5 * torch.randn(HIDDEN)
+    assert select_backend("rms_norm", x, w, EPS, 0.0, scale_in_float32) == "cpu"
+    kernel = rms_norm(x, w, EPS, scale_in_float32=scale_in_float32)
+    reference = rms_norm.reference(x, w, EPS, scale_in_float32=scale_in_float32)
+    truth = rms_norm.reference(x.double(), w.double(), EPS)
+    assert (kernel.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max() + 1e-7
+    torch.testing.assert_close(kernel, reference)
+    torch.testing.assert_close(kernel, _llama_norm(w, torch.float32)(x))
+    none = rms_norm(x, None, EPS)
+    torch.testing.assert_close(none, rms_norm.reference(x, None, EPS))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "offset"), [(torch.bfloat16, 0.0), (torch.float32, 1.0)], ids=["bf16", "gemma-offset"]
+)
+def test_rms_norm_cpu_kernel_leaves_bf16_and_the_offset_form_to_the_reference(dtype, offset):
+    x, w = (t.to(dtype) for t in _inputs())
+    assert select_backend("rms_norm", x, w, EPS, offset) == "torch"

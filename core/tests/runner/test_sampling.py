@@ -91,6 +91,26 @@ def test_step_graph_flags_rows_whose_logits_are_not_finite():
 
     logits = torch.tensor([[0.0, 1.0], [float("nan"), 1.0], [0.0, float("inf")], [float("-inf"), 0.0]])
     assert finite_rows(logits).tolist() == [True, False, False, False]
+    # A vocabulary-wide row: a bad value in the vectorised body or in the tail, alone or with the others.
+    wide = torch.randn(8, 49157)
+    for row, (column, value) in enumerate(
+        [(40000, float("nan")), (49156, float("nan")), (7, float("inf")), (49155, float("-inf"))]
+    ):
+        wide[2 * row + 1, column] = value
+    wide[7, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    assert finite_rows(wide).tolist() == [True, False, True, False, True, False, True, False]
+    assert finite_rows(wide).tolist() == torch.isfinite(wide).all(dim=-1).tolist()
+
+
+def test_greedy_kernel_takes_the_first_of_equal_largest_logits_as_argmax_does():
+    from trnmodels.core.cpu.sampling import _greedy
+
+    logits = torch.randn(4, 49157)
+    logits[0, [5, 70, 49000]] = 9.0
+    logits[1, [48999, 49156]] = 9.0
+    logits[2, [3, 40000]] = float("nan")
+    assert _greedy(logits).tolist()[:3] == [5, 48999, 3]
+    assert torch.equal(_greedy(logits), logits.argmax(dim=-1))
 
 
 # --------------------------------------------------------------------------------------------------

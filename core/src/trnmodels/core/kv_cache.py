@@ -11,6 +11,7 @@ overwrite a live slot. A slot of -1 is never used, because indexed writes wrap n
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -90,10 +91,36 @@ def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """Write ``k/v [T, Hkv, D]`` into the caches at ``slots [T]``, in place."""
+    eager_cpu = (
+        not torch.compiler.is_compiling()
+        and k_cache.is_cpu
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.shape == v_cache.shape
+    )
+    if eager_cpu:
+        # Every layer of a step writes at the same slots: their rows in the flat caches are computed once
+        # and looked up by value. One index_copy_ per cache then costs about a third of the per-layer
+        # division, remainder and two indexed assignments (12.6 -> 5 us a layer at batch 1).
+        _, hkv, block_size, d = k_cache.shape
+        rows = _cache_rows(tuple(slots.tolist()), hkv, block_size)
+        k_cache.view(-1, d).index_copy_(0, rows, k.to(k_cache.dtype).reshape(-1, d))
+        v_cache.view(-1, d).index_copy_(0, rows, v.to(v_cache.dtype).reshape(-1, d))
+        return
     block_size = k_cache.shape[2]
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, :, offsets] = k.to(k_cache.dtype)
     v_cache[blocks, :, offsets] = v.to(v_cache.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_rows(slots: tuple[int, ...], num_kv_heads: int, block_size: int) -> torch.Tensor:
+    """``[T * Hkv]``: the rows of a cache viewed as ``[blocks * Hkv * block_size, D]`` that hold the
+    K/V of ``slots``, head by head."""
+    with torch.inference_mode(False):  # rows made inside a step are reused outside one
+        slot = torch.tensor(slots, dtype=torch.int64)
+        start = slot // block_size * (num_kv_heads * block_size) + slot % block_size
+        return (start[:, None] + torch.arange(num_kv_heads) * block_size).reshape(-1)
 
 
 def read_kv(

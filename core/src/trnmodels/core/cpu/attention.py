@@ -15,11 +15,13 @@ head. Softcapping and sinks, which the fused kernel has no term for, keep the re
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from ..ops.attention import decode_attention as reference_op
-from ..ops.attention import decode_visible, gather_paged
+from ..ops.attention import decode_visible
 from ..ops.dispatch import register_cpu
 
 
@@ -36,28 +38,56 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``ops.decode_attention`` over the first ``ceil(max(context_lens) / block_size)`` blocks."""
-    lens = [max(n, 1) for n in context_lens.tolist()]
+    lens = tuple(max(n, 1) for n in context_lens.tolist())
     longest = max(lens)
-    tables = block_tables[:, : -(-longest // k_cache.shape[2])]
+    _, hkv, block_size, d = k_cache.shape
+    live = -(-longest // block_size)
     fused = (
         softcap is None
         and sinks is None
         and q.dtype in (torch.float32, torch.bfloat16)
         and q.dtype == k_cache.dtype == v_cache.dtype
-        and v_cache.shape[-1] == q.shape[-1]
+        and v_cache.shape[-1] == d == q.shape[-1]
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
     )
     if not fused:
         options = dict(scale=scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks)
-        return reference_op.reference(q, k_cache, v_cache, tables, context_lens, **options)
-    b, h, d = q.shape
-    hkv = k_cache.shape[1]
-    # Positions past the longest context are masked for every row: cut, not masked.
-    k, v = gather_paged(k_cache, tables)[:, :, :longest], gather_paged(v_cache, tables)[:, :, :longest]
-    mask = None
-    if min(lens) < longest or (sliding_window is not None and longest > sliding_window):
-        mask = decode_visible(context_lens, longest, sliding_window)[:, None, None, :]
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v, attn_mask=mask, scale=scale)
-    return out.reshape(b, h, v.shape[-1])
+        return reference_op.reference(q, k_cache, v_cache, block_tables[:, :live], context_lens, **options)
+    b, h, _ = q.shape
+    tables = tuple(map(tuple, block_tables[:, :live].tolist()))
+    rows, visible = _gather_plan(tables, lens, sliding_window, hkv, block_size)
+    k = k_cache.view(-1, d).index_select(0, rows).view(b, hkv, longest, d)
+    v = v_cache.view(-1, d).index_select(0, rows).view(b, hkv, longest, d)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v, attn_mask=visible, scale=scale)
+    return out.reshape(b, h, d)
+
+
+@functools.lru_cache(maxsize=8)  # a step asks with one key per kind of layer (window, KV heads)
+def _gather_plan(
+    tables: tuple[tuple[int, ...], ...],
+    lens: tuple[int, ...],
+    sliding_window: int | None,
+    num_kv_heads: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(rows, visible)`` for a batch's live block tables and lengths: ``rows`` indexes a cache viewed as
+    ``[blocks * Hkv * block_size, D]`` so that one ``index_select`` yields ``[B, Hkv, longest, D]``,
+    contiguous as the fused kernel reads fastest; ``visible [B, 1, 1, longest]`` is the mask, or None
+    when every row sees every gathered position.
+
+    Every layer of a decode step asks with the same tables and lengths: computed once and looked up by
+    value (a few host calls) instead of a chain of tensor calls per layer."""
+    with torch.inference_mode(False):  # a plan made inside a step is reused outside one
+        longest = max(lens)
+        starts = torch.tensor(tables, dtype=torch.int64) * (num_kv_heads * block_size)
+        within = torch.arange(num_kv_heads)[:, None, None] * block_size + torch.arange(block_size)
+        rows = (starts[:, None, :, None] + within[None]).flatten(2)[:, :, :longest].reshape(-1)
+        visible = None
+        if min(lens) < longest or (sliding_window is not None and longest > sliding_window):
+            context_lens = torch.tensor(lens, dtype=torch.int64)
+            visible = decode_visible(context_lens, longest, sliding_window)[:, None, None, :]
+    return rows, visible
 
 
 register_cpu("decode_attention", decode_attention)

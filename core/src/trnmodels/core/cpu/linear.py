@@ -301,8 +301,10 @@ def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     (or, at up to ``SWAP_NARROW_MAX_ROWS`` rows, a narrow) row-major weight. Where MKL's SGEMM is tuned
     (``sgemm_tuned``) only more than ``SWAP_FEW_ROWS`` rows against a large weight swap (the notes)."""
     rows = _rows(x)
-    narrow = weight.shape[-1] <= SWAP_NARROW_MAX_K
     tuned = sgemm_tuned()
+    if rows > SWAP_MAX_ROWS or rows <= (SWAP_FEW_ROWS if tuned else 1):
+        return False
+    narrow = weight.shape[-1] <= SWAP_NARROW_MAX_K
     from_smaller = not tuned and (rows <= SWAP_FEW_ROWS or (rows <= SWAP_NARROW_MAX_ROWS and narrow))
     return (
         (SWAP_FEW_ROWS < rows if tuned else 2 <= rows)
@@ -391,14 +393,19 @@ def _inline(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    return (
-        packed_gemm(weight) is not None
-        or onednn_runs(x, weight, bias)
-        or one_row_reduction_pays(x, weight, bias)
-        or reduction_pays(x, weight, bias)
-        or swap_pays(x, weight, bias)
-        or upcast_pays(x, weight, bias)
-    )
+    # Asked before every eager call: the predicates that cannot hold are skipped (all but the upcast need
+    # FP32 operands; the reductions, a capture; oneDNN, eager calls), not evaluated.
+    if packed_gemm(weight) is not None:
+        return True
+    if x.dtype != torch.float32:
+        return upcast_pays(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return (
+            one_row_reduction_pays(x, weight, bias)
+            or reduction_pays(x, weight, bias)
+            or swap_pays(x, weight, bias)
+        )
+    return onednn_runs(x, weight, bias) or swap_pays(x, weight, bias)
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
