@@ -63,7 +63,9 @@ def decode_attention(
     return out.reshape(b, h, d)
 
 
-@functools.lru_cache(maxsize=8)  # a step asks with one key per kind of layer (window, KV heads)
+# A step asks with one key per kind of layer (window, KV heads), and a plan is the size of the gathered
+# positions' row ids (64 MB at batch 8, 8 KV heads and 131072 positions): a few are kept, not more.
+@functools.lru_cache(maxsize=4)
 def _gather_plan(
     tables: tuple[tuple[int, ...], ...],
     lens: tuple[int, ...],
