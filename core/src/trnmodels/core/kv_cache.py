@@ -113,14 +113,18 @@ def write_kv(
     v_cache[blocks, :, offsets] = v.to(v_cache.dtype)
 
 
+def cache_rows(slots: torch.Tensor, num_kv_heads: int, block_size: int) -> torch.Tensor:
+    """``[..., Hkv]``: the rows of a cache viewed as ``[blocks * Hkv * block_size, D]`` that hold the K/V
+    of ``slots [...]``, head by head (one ``index_select`` or ``index_copy_`` then reaches them all)."""
+    start = slots // block_size * (num_kv_heads * block_size) + slots % block_size
+    return start[..., None] + torch.arange(num_kv_heads) * block_size
+
+
 @functools.lru_cache(maxsize=8)
 def _cache_rows(slots: tuple[int, ...], num_kv_heads: int, block_size: int) -> torch.Tensor:
-    """``[T * Hkv]``: the rows of a cache viewed as ``[blocks * Hkv * block_size, D]`` that hold the
-    K/V of ``slots``, head by head."""
+    """``cache_rows`` of a step's slots, flat: every layer of the step looks them up by value."""
     with torch.inference_mode(False):  # rows made inside a step are reused outside one
-        slot = torch.tensor(slots, dtype=torch.int64)
-        start = slot // block_size * (num_kv_heads * block_size) + slot % block_size
-        return (start[:, None] + torch.arange(num_kv_heads) * block_size).reshape(-1)
+        return cache_rows(torch.tensor(slots, dtype=torch.int64), num_kv_heads, block_size).reshape(-1)
 
 
 def read_kv(

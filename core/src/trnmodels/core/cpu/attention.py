@@ -20,6 +20,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..kv_cache import cache_rows
 from ..ops.attention import decode_attention as reference_op
 from ..ops.attention import decode_visible
 from ..ops.dispatch import register_cpu
@@ -82,9 +83,10 @@ def _gather_plan(
     value (a few host calls) instead of a chain of tensor calls per layer."""
     with torch.inference_mode(False):  # a plan made inside a step is reused outside one
         longest = max(lens)
-        starts = torch.tensor(tables, dtype=torch.int64) * (num_kv_heads * block_size)
-        within = torch.arange(num_kv_heads)[:, None, None] * block_size + torch.arange(block_size)
-        rows = (starts[:, None, :, None] + within[None]).flatten(2)[:, :, :longest].reshape(-1)
+        positions = torch.arange(longest)
+        slots = torch.tensor(tables, dtype=torch.int64)[:, positions // block_size] * block_size
+        slots = slots + positions % block_size
+        rows = cache_rows(slots, num_kv_heads, block_size).transpose(1, 2).reshape(-1)
         visible = None
         if min(lens) < longest or (sliding_window is not None and longest > sliding_window):
             context_lens = torch.tensor(lens, dtype=torch.int64)

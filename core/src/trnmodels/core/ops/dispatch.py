@@ -55,23 +55,15 @@ _cpu_inline: dict[str, Callable[..., Any]] = {}  # trace-time answers, before th
 _REFERENCES: dict[str, Callable[..., Any]] = {}
 
 
-# Eager calls read the two variables from the bytes mapping behind ``os.environ`` (CPython's, on POSIX):
+# Eager calls check the two variables in the bytes mapping behind ``os.environ`` (CPython's, on POSIX):
 # ``os.environ.get`` encodes the key and decodes the value on every call, 0.6 us of a linear layer's
-# 6 us here, and an eager decode step asks hundreds of times. Traces, and a Python without that
-# mapping, read ``os.environ`` itself.
+# 6 us here, and an eager decode step asks hundreds of times (``_eager_auto_kernels``).
 _ENVIRON_BYTES: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_ENCODED_NAMES = {name: name.encode() for name in (ENV_VAR, CPU_KERNELS_ENV_VAR)}
-
-
-def _environ(name: str, default: str) -> str:
-    if _ENVIRON_BYTES is None or torch.compiler.is_compiling():
-        return os.environ.get(name, default)
-    raw = _ENVIRON_BYTES.get(_ENCODED_NAMES[name])
-    return default if raw is None else os.fsdecode(raw)
+_ENCODED_NAMES = (ENV_VAR.encode(), CPU_KERNELS_ENV_VAR.encode())
 
 
 def current_backend() -> str:
-    mode = _forced or _environ(ENV_VAR, "auto")
+    mode = _forced or os.environ.get(ENV_VAR, "auto")
     if mode not in BACKENDS:
         raise ConfigError(f"{ENV_VAR}: expected one of {BACKENDS}, got {mode!r}")
     return mode
@@ -240,14 +232,12 @@ def cpu_kernels_in_graphs() -> list[str]:
 
 
 def _enabled() -> tuple[str, ...]:
-    value = _environ(CPU_KERNELS_ENV_VAR, "all")
+    value = os.environ.get(CPU_KERNELS_ENV_VAR, "all")
     if torch.compiler.is_compiling():
-        # A trace runs this once per call site and keeps the answer.
+        # A trace runs this once per call site and keeps the answer; through the cache Dynamo would
+        # warn that it ignores it.
         return _parse_enabled(value, _cpu_kernel_names)
-    cached = _enabled_by_value.get(value)
-    if cached is None or cached[0] is not _cpu_kernel_names:
-        cached = _enabled_by_value[value] = (_cpu_kernel_names, _parse_enabled(value, _cpu_kernel_names))
-    return cached[1]
+    return _enabled_kernels(value, _cpu_kernel_names)
 
 
 # (the settings it was computed from, the answer) of ``_eager_auto_kernels``.
@@ -263,12 +253,7 @@ def _eager_auto_kernels() -> frozenset[str] | None:
     global _eager_auto
     if _ENVIRON_BYTES is None:
         return None
-    settings = (
-        _forced,
-        _ENVIRON_BYTES.get(_ENCODED_NAMES[ENV_VAR]),
-        _ENVIRON_BYTES.get(_ENCODED_NAMES[CPU_KERNELS_ENV_VAR]),
-        _cpu_kernel_names,
-    )
+    settings = (_forced, *map(_ENVIRON_BYTES.get, _ENCODED_NAMES), _cpu_kernel_names)
     if _eager_auto is None or _eager_auto[0] != settings:
         # Both raise on a bad setting, and nothing is remembered until the settings are good.
         kernels = frozenset(_enabled()) if current_backend() == "auto" else None
@@ -292,9 +277,8 @@ def _parse_enabled(value: str, kernels: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-# TRNMODELS_CPU_KERNELS's value -> (the registered kernels, those it enables): every eager linear layer
-# asks, and parsing the variable each time would show in decode.
-_enabled_by_value: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# Cached: calls outside ``_eager_auto_kernels``'s fast path (forced backends, NKI adapters) ask per call.
+_enabled_kernels = functools.lru_cache(maxsize=16)(_parse_enabled)
 
 
 def _nki_impl(op: str) -> Callable[..., Any] | None:
@@ -312,17 +296,22 @@ def _first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
 def _cpu_kernel_runs(
     op: str, first: torch.Tensor | None, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> bool:
-    supports = _cpu_supports.get(op)
     return (
         op in _cpu_impls
-        and first is not None
-        and first.is_cpu
         # A captured graph keeps the reference unless the kernel is static: CPU kernels may branch on
         # values (token-sparse MoE).
         and (op in _cpu_in_graphs or not torch.compiler.is_compiling())
         and op in _enabled()
-        and (supports is None or supports(*args, **kwargs))
+        and _cpu_kernel_accepts(op, first, args, kwargs)
     )
+
+
+def _cpu_kernel_accepts(
+    op: str, first: torch.Tensor | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """The call's own conditions for ``op``'s CPU kernel: CPU tensors, and the kernel's predicate."""
+    supports = _cpu_supports.get(op)
+    return first is not None and first.is_cpu and (supports is None or supports(*args, **kwargs))
 
 
 def select_backend(op: str, *args: Any, supports: Callable[..., bool] | None = None, **kwargs: Any) -> str:
@@ -391,15 +380,12 @@ def kernel_op(
             # op, only the CPU kernel's own conditions are left to ask (``_select``'s, 2 us a call faster).
             kernels = None if torch.compiler.is_compiling() else _eager_auto_kernels()
             if kernels is not None and name not in _nki_impls:
-                if name in kernels and name in _cpu_impls:
-                    first = _first_tensor(args)
-                    kernel_supports = _cpu_supports.get(name)
-                    if (
-                        first is not None
-                        and first.is_cpu
-                        and (kernel_supports is None or kernel_supports(*args, **kwargs))
-                    ):
-                        return _cpu_impls[name](*args, **kwargs)
+                if (
+                    name in kernels
+                    and name in _cpu_impls
+                    and _cpu_kernel_accepts(name, _first_tensor(args), args, kwargs)
+                ):
+                    return _cpu_impls[name](*args, **kwargs)
                 return reference(*args, **kwargs)
             # The mode is read once per call: each read of the environment costs about 0.7 us.
             mode = current_backend()
