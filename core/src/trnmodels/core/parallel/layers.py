@@ -113,16 +113,13 @@ class QKVParallelLinear(nn.Module):
         if self.bias is not None:
             set_weight_loader(self.bias, loader)
 
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Every projected head, ``[T, Hq_local + 2 * Hkv_local, D]``: q's heads, then k's, then v's."""
+        return linear(x, self.weight, self.bias).view(*x.shape[:-1], -1, self.head_dim)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = linear(x, self.weight, self.bias)
-        d = self.head_dim
-        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        t = x.shape[:-1]
-        return (
-            q.reshape(*t, self.num_heads, d),
-            k.reshape(*t, self.num_kv_heads, d),
-            v.reshape(*t, self.num_kv_heads, d),
-        )
+        q, k, v = self.heads(x).split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=-2)
+        return q, k, v
 
 
 class RowParallelLinear(nn.Module):
