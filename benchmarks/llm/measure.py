@@ -130,9 +130,14 @@ def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     params = list(model.parameters())  # tied weights appear once
     param_bytes = sum(p.numel() * p.element_size() for p in params)
-    embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    tied = head is not None and head.weight is embedding
+    # Every table a step only indexes, one row per token: the input embedding and any other (Gemma 4's
+    # per-layer-input table), unless it is also the LM head, which reads all of it.
+    looked_up = [
+        m.weight
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and (head is None or m.weight is not head.weight)
+    ]
     files = shard_files(checkpoint_dir)
     expert_params = [p for name, p in model.named_parameters() if ".experts." in name]
     experts = (
@@ -153,8 +158,8 @@ def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any]:
         "bytes": sum(f.stat().st_size for f in files),
         "largest_tensor_bytes": max(p.numel() * p.element_size() for p in params),
         "shards": len(files),
-        # A decode step reads every weight once, except the input embedding (one row per token).
-        "weight_bytes_per_token": param_bytes - (0 if tied else embedding.numel() * embedding.element_size()),
+        # A decode step reads every weight once, except the tables it only looks rows up in.
+        "weight_bytes_per_token": param_bytes - sum(w.numel() * w.element_size() for w in looked_up),
         "vocab_size": config.vocab_size,
         "pad_token_id": next(
             (t for t in (config.pad_token_id, config.eos_token_id, 0) if isinstance(t, int)), 0

@@ -701,8 +701,8 @@ def _workload_lines(v: View) -> list[str]:
         else ""
     )
     roof = (
-        f"A decode step at batch 1 reads {_mb(step_bytes(v))} of weights (every parameter but the input "
-        f"embedding, of which it reads one row per token{chosen}), so the batch-1 roofline is "
+        f"A decode step at batch 1 reads {_mb(step_bytes(v))} of weights (every parameter but the embedding "
+        f"tables it only looks up, of which it reads one row per token{chosen}), so the batch-1 roofline is "
         f"{v['bandwidth_bytes_per_s'] / GB:.1f} GB/s{where} ÷ {_mb(step_bytes(v))} = {roofline(v):.1f} tok/s."
     )
     read = v.get("read_bandwidth_bytes_per_s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import sys
 import time
@@ -509,3 +510,17 @@ def test_only_a_plugin_with_a_real_checkpoint_has_the_real_workload() -> None:
     assert run.workloads("gpt_oss") == ("bench",)
     with pytest.raises(ValueError, match="gpt_oss has the workloads bench; asked for"):
         run.run_benchmark("gpt_oss", run.QUICK, only=["real"])
+
+
+def test_checkpoint_info_leaves_out_gemma4s_per_layer_input_table(tmp_path: Path) -> None:
+    # Gemma 4's bench config: a tied head, and a per-layer-input table a step only looks rows up in.
+    bench = Path(importlib.util.find_spec("trnmodels.gemma4").submodule_search_locations[0]) / "bench"
+    config = json.loads((bench / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1000)}, str(tmp_path / "model.safetensors"))
+    info = measure.checkpoint_info(tmp_path)
+    assert config["tie_word_embeddings"] is True
+    # By hand: 32000 rows of 8 layers x 64 per-layer inputs, read one row per token.
+    per_layer_table = config["vocab_size_per_layer_input"] * config["num_hidden_layers"] * 64
+    assert config["hidden_size_per_layer_input"] == 64 and per_layer_table == 16_384_000
+    assert info["weight_bytes_per_token"] == info["parameter_bytes"] - 4 * per_layer_table
