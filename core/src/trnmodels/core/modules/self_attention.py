@@ -111,17 +111,17 @@ class SelfAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """This rank's rotated ``q [T, H, D]`` and ``k, v [T, Hkv, D]`` (None on a KV-sharing layer)."""
-        k: torch.Tensor | None
-        v: torch.Tensor | None
-        if self.shares_kv:
-            q, k, v = self.q_proj(x).reshape(x.shape[0], self.num_heads, self.head_dim), None, None
-        elif self.q_norm is None and self.k_norm is None:
+        if not self.shares_kv and self.q_norm is None and self.k_norm is None:
             # q and k rotate by one table, and the rotation is a chain of small ops whose host cost
             # outweighs its arithmetic at decode: one rotation of both heads at once, not one of each.
             heads = self.qkv_proj.heads(x)
             h, hkv = self.num_heads, self.qkv_proj.num_kv_heads
             qk = ops.apply_rope(heads[:, : h + hkv], cos, sin)
             return qk[:, :h], qk[:, h:], heads[:, h + hkv :]
+        k: torch.Tensor | None
+        v: torch.Tensor | None
+        if self.shares_kv:
+            q, k, v = self.q_proj(x).reshape(x.shape[0], self.num_heads, self.head_dim), None, None
         else:
             q, k, v = self.qkv_proj(x)
             if self.k_norm is not None:
