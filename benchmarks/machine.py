@@ -57,6 +57,34 @@ def machine_info(packages: Sequence[str] = ("torch", "transformers", "safetensor
     }
 
 
+def busy_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot, summed over its cores (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_quiet(
+    max_busy_cores: float = 0.15,
+    window: float = 0.5,
+    timeout: float = 30.0,
+    busy_seconds: Callable[[], float] = busy_cpu_seconds,
+    sleep: Callable[[float], object] = time.sleep,
+) -> dict[str, Any]:
+    """Wait until the machine keeps fewer than ``max_busy_cores`` cores busy over a ``window``, or until
+    ``timeout``: a vLLM server keeps a core busy for about a second after its last request (its engine
+    polls for more work before it sleeps), which the next server measured would otherwise share. Returns
+    the seconds waited, whether it became quiet, and the busy cores of the last window."""
+    waited, busy = 0.0, float("inf")
+    while waited < timeout:
+        before = busy_seconds()
+        sleep(window)
+        waited += window
+        busy = (busy_seconds() - before) / window
+        if busy < max_busy_cores:
+            return {"seconds": waited, "quiet": True, "busy_cores": busy}
+    return {"seconds": waited, "quiet": False, "busy_cores": busy}
+
+
 # A CPU-bound loop that touches no memory to speak of: what it loses beside a copy of itself is the
 # share of the cores the machine gives two processes at once, not cache or bandwidth.
 _SPIN = "s = 0\nfor i in range({n}): s += i"

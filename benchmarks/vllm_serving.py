@@ -36,6 +36,7 @@ from typing import Any
 
 from trnmodels.core.vllm.registration import DISABLE_ENV
 
+from .machine import wait_until_quiet
 from .vllm_server import VllmServer
 
 
@@ -65,7 +66,12 @@ class DecodeLoad:
 
 QUICK_DECODE = DecodeLoad(waves=1, output_len=9)
 
-ROUNDS = 3  # measurements of every server, taking turns (``--quick``: one)
+# Measurements of every server, taking turns (``--quick``: one). Five, not three: on the 2-vCPU machine one
+# server's rounds moved by up to 7%, more than the margin a verdict is read at, and a median of three
+# follows a single slow round.
+ROUNDS = 5
+# A measurement starts once the machine keeps fewer cores busy than this (``machine.wait_until_quiet``).
+QUIET_CORES = 0.15
 
 # name -> (extra server flags, plugin disabled, what it is, start-up timeout in s). vLLM's own class is
 # compiled by default; inductor on a 2-core shared machine can take many minutes, hence its long timeout.
@@ -213,7 +219,22 @@ def serve_and_measure_all(
         per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                per_round[name].append(measure(servers[name], load, decode, vocab))
+                quiet = wait_until_quiet(QUIET_CORES)
+                if not quiet["quiet"]:
+                    print(
+                        f"[bench-vllm] the machine kept {quiet['busy_cores']:.2f} cores busy for "
+                        f"{quiet['seconds']:.0f} s: measuring {name} anyway",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                figures = measure(servers[name], load, decode, vocab)
+                per_round[name].append(
+                    {
+                        **figures,
+                        "quiet_wait_seconds": quiet["seconds"],
+                        "busy_cores_before": quiet["busy_cores"],
+                    }
+                )
                 print(
                     f"[bench-vllm] round {r + 1}, {name}: {per_round[name][-1]}", file=sys.stderr, flush=True
                 )
@@ -247,6 +268,25 @@ def verdict(mine: dict[str, Any], theirs: dict[str, Any], target: float = EAGER_
 
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}×" if b else "n/a"
+
+
+def quiet_starts(systems: dict[str, Any]) -> str:
+    """The page's sentence on how each measurement waited for a quiet machine."""
+    starts = [r for s in systems.values() for r in s.get("rounds", []) if "quiet_wait_seconds" in r]
+    if not starts:
+        return "Measurements did not wait for a quiet machine."
+    busy = [r for r in starts if r["busy_cores_before"] >= QUIET_CORES]
+    return (
+        f"Each measurement started once the machine kept fewer than {QUIET_CORES} cores busy over half a "
+        "second (a vLLM server keeps a core busy for about a second after its last request, which the next "
+        f"server measured would share): the longest wait was {max(r['quiet_wait_seconds'] for r in starts):.1f} s"
+        + (
+            f"; {len(busy)} of {len(starts)} started on a busy machine after waiting "
+            f"{max(r['quiet_wait_seconds'] for r in busy):.0f} s."
+            if busy
+            else f", and all {len(starts)} started quiet."
+        )
+    )
 
 
 def write_page(results: dict[str, Any], out: Path) -> None:
@@ -295,6 +335,7 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "decode waves below) in an order rotated from round to round, so a slow spell of the shared "
         "machine falls on every server compared. Each figure below is the median over the rounds; every "
         "round's figures are in the JSON.",
+        f"- {quiet_starts(r)}",
         f"- Decode at batch {' and '.join(map(str, decode['batches']))}: {decode['waves']} wave(s) per batch "
         f"size of that many requests sent together ({decode['input_len']} prompt tokens, "
         f"{decode['output_len']} output tokens each), so the engine decodes them as one batch. Decode tok/s "

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.runner.config import RunnerConfig
 
-from ..machine import compiler_side_by_side_slowdown, proc_bytes, side_by_side_slowdown
+from ..machine import busy_cpu_seconds, compiler_side_by_side_slowdown, proc_bytes, side_by_side_slowdown
 
 # Sized so every bucket is used and nothing else is compiled: prefill of up to 256 flat tokens, decode
 # at batch 1 and 8 with contexts up to 256.
@@ -54,12 +54,8 @@ Generate = Callable[[list[list[int]], int], object]
 def cpu_seconds() -> tuple[float, float]:
     """Busy CPU seconds of the whole machine (/proc/stat), and of this process plus its waited-for
     descendants: their difference over a run is what other processes used."""
-    user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (
-        (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
-        me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime,
-    )
+    return busy_cpu_seconds(), me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def timed(fn: Callable[[], object]) -> float:

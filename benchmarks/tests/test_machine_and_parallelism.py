@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.machine import compiler_side_by_side_slowdown, machine_info, proc_bytes, side_by_side_slowdown
+from benchmarks.machine import (
+    busy_cpu_seconds,
+    compiler_side_by_side_slowdown,
+    machine_info,
+    proc_bytes,
+    side_by_side_slowdown,
+    wait_until_quiet,
+)
 from benchmarks.parallelism import tp_degree
 
 
@@ -60,3 +67,38 @@ def test_tp_degree_reads_a_multimodal_config_s_text_config(tmp_path: Path) -> No
     text = {"num_attention_heads": 9, "num_key_value_heads": 3}
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "x", "text_config": text}))
     assert tp_degree(tmp_path) == 3
+
+
+class FakeMachine:
+    """Busy CPU seconds that grow by ``busy_cores`` per second slept, one entry per window."""
+
+    def __init__(self, busy_cores: list[float]):
+        self.busy_cores, self.total, self.windows = busy_cores, 0.0, 0
+
+    def busy_seconds(self) -> float:
+        return self.total
+
+    def sleep(self, seconds: float) -> None:
+        self.total += self.busy_cores[min(self.windows, len(self.busy_cores) - 1)] * seconds
+        self.windows += 1
+
+
+def test_wait_until_quiet_returns_at_the_first_quiet_window() -> None:
+    machine = FakeMachine([1.0, 0.9, 0.05, 1.0])
+    quiet = wait_until_quiet(0.15, window=0.5, busy_seconds=machine.busy_seconds, sleep=machine.sleep)
+    assert quiet == {"seconds": 1.5, "quiet": True, "busy_cores": pytest.approx(0.05)}
+
+
+def test_wait_until_quiet_gives_up_at_its_timeout_and_says_so() -> None:
+    machine = FakeMachine([1.0])
+    quiet = wait_until_quiet(
+        0.15, window=0.5, timeout=2.0, busy_seconds=machine.busy_seconds, sleep=machine.sleep
+    )
+    assert quiet == {"seconds": 2.0, "quiet": False, "busy_cores": pytest.approx(1.0)}
+    assert machine.windows == 4
+
+
+def test_busy_cpu_seconds_reads_the_machine_and_grows_while_it_works() -> None:
+    before = busy_cpu_seconds()
+    sum(i * i for i in range(3_000_000))
+    assert busy_cpu_seconds() > before > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.vllm_serving import COMPILED_TARGET, median_of_rounds, verdict
+from benchmarks.vllm_serving import COMPILED_TARGET, median_of_rounds, quiet_starts, verdict
 
 
 def _round(tok_s: float, ttft: float, b1: float) -> dict:
@@ -37,3 +37,21 @@ def test_median_of_rounds_takes_each_figure_median_and_keeps_the_rounds() -> Non
 )
 def test_verdict_against_the_target_ratio(mine: float, target: float, expected: str) -> None:
     assert verdict({"output_tokens_per_s": mine}, {"output_tokens_per_s": 100.0}, target) == expected
+
+
+def test_quiet_starts_reports_the_longest_wait_and_every_busy_start() -> None:
+    def measured(wait: float, busy: float) -> dict[str, float]:
+        return {"quiet_wait_seconds": wait, "busy_cores_before": busy}
+
+    quiet = {
+        "a": {"rounds": [measured(0.5, 0.02), measured(1.5, 0.1)]},
+        "b": {"rounds": [measured(1.0, 0.0)]},
+    }
+    assert quiet_starts(quiet).endswith("the longest wait was 1.5 s, and all 3 started quiet.")
+    busy = quiet | {"c": {"rounds": [measured(30.0, 0.9)]}}
+    assert quiet_starts(busy).endswith(
+        "the longest wait was 30.0 s; 1 of 4 started on a busy machine after waiting 30 s."
+    )
+    assert (
+        quiet_starts({"vllm": {"error": "did not start"}}) == "Measurements did not wait for a quiet machine."
+    )
