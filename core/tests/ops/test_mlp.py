@@ -11,7 +11,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 from trnmodels.core.accuracy.three_way import assert_close_three_way
-from trnmodels.core.ops import clamped_swiglu, gated_mlp
+from trnmodels.core.ops import clamped_swiglu, gated_mlp, gelu_tanh, select_backend, use_backend
 
 HIDDEN, INTER = 32, 48
 
@@ -130,3 +130,60 @@ def test_clamped_swiglu_matches_gpt_oss_experts():
     # gpt-oss interleaves gate/up columns; ours takes them split.
     out = clamped_swiglu(gate_up[..., ::2], gate_up[..., 1::2], alpha=1.702, limit=7.0)
     torch.testing.assert_close(out, ref)
+
+
+# --------------------------------------------------------------------------------------------------
+# gelu_tanh and its CPU kernel (x σ(2u) for FP32 calls)
+# --------------------------------------------------------------------------------------------------
+
+
+def _hand_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh approximation as written: ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))``."""
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (8, 2048), (320, 2048)])
+@torch.no_grad()
+def test_gelu_tanh_cpu_kernel_matches_a_float64_truth_as_closely_as_the_reference(shape):
+    torch.manual_seed(shape[0])
+    x = torch.randn(shape) * 4.0
+    assert select_backend("gelu_tanh", x) == "cpu"
+    kernel, reference = gelu_tanh(x), gelu_tanh.reference(x)
+    truth = _hand_gelu_tanh(x.double())
+    # FP32 spacing at the largest |x| (about 20): 2 ulps of it bound both.
+    bound = 2 * torch.finfo(torch.float32).eps * x.abs().max().item()
+    assert (kernel.double() - truth).abs().max() <= bound
+    assert (reference.double() - truth).abs().max() <= bound
+    with use_backend("torch"):
+        torch.testing.assert_close(gelu_tanh(x), reference, rtol=0, atol=0)
+
+
+def test_gelu_tanh_cpu_kernel_keeps_non_finite_values_as_the_reference_does():
+    x = torch.tensor([float("-inf"), float("inf"), float("nan"), -20.0, -1e-30, 0.0, 1e-30, 3e38, -3e38])
+    torch.testing.assert_close(gelu_tanh(x), gelu_tanh.reference(x), equal_nan=True, rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_gelu_tanh_bf16_stays_on_the_reference_three_way():
+    torch.manual_seed(0)
+    x = torch.randn(8, 64) * 3.0
+    assert select_backend("gelu_tanh", x.bfloat16()) == "torch"
+    expected = _hand_gelu_tanh(x.bfloat16().double()).float()
+    assert_close_three_way(
+        gelu_tanh(x.bfloat16()), expected, gelu_tanh(x.bfloat16().float()).bfloat16(), name="gelu_tanh bf16"
+    )
+
+
+@torch.no_grad()
+def test_gelu_tanh_cpu_kernel_is_taken_into_cpu_graphs():
+    """It is static: torch.export's CPU graph runs it (a sigmoid, no tanh) and agrees with eager."""
+    x = torch.randn(4, 32) * 4.0
+
+    class Act(torch.nn.Module):
+        def forward(self, x):
+            return gelu_tanh(x)
+
+    graph = torch.export.export(Act(), (x,)).graph_module
+    targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert any("sigmoid" in t for t in targets) and not any("tanh" in t or "gelu" in t for t in targets)
+    torch.testing.assert_close(graph(x)[0], gelu_tanh(x), rtol=0, atol=0)

@@ -7,6 +7,6 @@ which importing ``trnmodels.core.ops`` does. The dispatch runs a kernel for CPU 
 against its op's reference and the transformers module beside the reference's own tests.
 """
 
-from . import attention, linear, moe, norm, sampling
+from . import activation, attention, linear, moe, norm, sampling
 
-__all__ = ["attention", "linear", "moe", "norm", "sampling"]
+__all__ = ["activation", "attention", "linear", "moe", "norm", "sampling"]

@@ -4,7 +4,7 @@ can run."""
 from .attention import attention, decode_attention, gather_paged, prefill_attention, scaled_dot_product
 from .dispatch import current_backend, kernel_op, register_cpu, register_nki, select_backend, use_backend
 from .linear import linear
-from .mlp import clamped_swiglu, gated_mlp
+from .mlp import clamped_swiglu, gated_mlp, gelu_tanh
 from .moe import combine_matrix, experts_ffn, route
 from .norm import layer_norm, rms_norm
 from .rope import RopeConfig, apply_rope, cos_sin, inv_freq
@@ -22,6 +22,7 @@ __all__ = [
     "experts_ffn",
     "gated_mlp",
     "gather_paged",
+    "gelu_tanh",
     "gumbel_noise",
     "inv_freq",
     "kernel_op",

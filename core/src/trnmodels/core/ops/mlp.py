@@ -8,10 +8,17 @@ import torch.nn.functional as F
 from .dispatch import kernel_op
 from .linear import linear
 
+
+@kernel_op("gelu_tanh")
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (``gelu_pytorch_tanh``): Gemma's MLPs, Wan's FFNs and encoders."""
+    return F.gelu(x, approximate="tanh")
+
+
 ACTIVATIONS = {
     "silu": F.silu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": gelu_tanh,
+    "gelu_pytorch_tanh": gelu_tanh,
 }
 
 

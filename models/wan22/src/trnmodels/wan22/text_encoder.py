@@ -29,7 +29,7 @@ from trnmodels.core.compile.diffusion import (
 )
 from trnmodels.core.errors import ConfigError
 from trnmodels.core.hf_config import read_json_object
-from trnmodels.core.ops import rms_norm
+from trnmodels.core.ops import gelu_tanh, rms_norm
 from trnmodels.core.parallel import (
     MergedColumnParallelLinear,
     ParallelLayout,
@@ -136,7 +136,7 @@ class UMT5Layer(nn.Module):
         out = torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2).flatten(2)
         x = x + self.o(out)
         gate, up = self.wi(rms_norm(x, self.ffn_norm, eps)).chunk(2, dim=-1)
-        return x + self.wo(F.gelu(gate, approximate="tanh") * up)
+        return x + self.wo(gelu_tanh(gate) * up)
 
 
 class UMT5Encoder(nn.Module):

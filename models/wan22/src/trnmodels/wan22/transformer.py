@@ -36,7 +36,7 @@ from trnmodels.core.diffusion import cp_self_attention, gather_sequence, split_s
 from trnmodels.core.errors import ConfigError, InputError
 from trnmodels.core.hf_config import read_json_object
 from trnmodels.core.modules import LayerNorm
-from trnmodels.core.ops import attention
+from trnmodels.core.ops import attention, gelu_tanh
 from trnmodels.core.parallel import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -264,7 +264,7 @@ class WanBlock(nn.Module):
         return keys
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ffn_down(F.gelu(self.ffn_up(x), approximate="tanh"))
+        return self.ffn_down(gelu_tanh(self.ffn_up(x)))
 
     def forward(
         self,
@@ -382,7 +382,7 @@ class WanDiT(nn.Module):
         return temb, self.tp.all_gather(proj, dim=-1).unflatten(1, (6, -1))
 
     def text_embedding(self, context: torch.Tensor) -> torch.Tensor:
-        return self.text_out(F.gelu(self.text_in(context), approximate="tanh"))
+        return self.text_out(gelu_tanh(self.text_in(context)))
 
     def forward(
         self,
