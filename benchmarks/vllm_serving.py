@@ -70,8 +70,10 @@ QUICK_DECODE = DecodeLoad(waves=1, output_len=9)
 # server's rounds moved by up to 7%, more than the margin a verdict is read at, and a median of three
 # follows a single slow round.
 ROUNDS = 5
-# A measurement starts once the machine keeps fewer cores busy than this (``machine.wait_until_quiet``).
+# A measurement starts once the machine keeps fewer cores busy than this over a window of this many
+# seconds (``machine.wait_until_quiet``).
 QUIET_CORES = 0.15
+QUIET_WINDOW = 0.5
 
 # name -> (extra server flags, plugin disabled, what it is, start-up timeout in s). vLLM's own class is
 # compiled by default; inductor on a 2-core shared machine can take many minutes, hence its long timeout.
@@ -219,7 +221,7 @@ def serve_and_measure_all(
         per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                quiet = wait_until_quiet(QUIET_CORES)
+                quiet = wait_until_quiet(QUIET_CORES, QUIET_WINDOW)
                 if not quiet["quiet"]:
                     print(
                         f"[bench-vllm] the machine kept {quiet['busy_cores']:.2f} cores busy for "
@@ -277,8 +279,8 @@ def quiet_starts(systems: dict[str, Any]) -> str:
         return "Measurements did not wait for a quiet machine."
     busy = [r for r in starts if r["busy_cores_before"] >= QUIET_CORES]
     return (
-        f"Each measurement started once the machine kept fewer than {QUIET_CORES} cores busy over half a "
-        "second (a vLLM server keeps a core busy for about a second after its last request, which the next "
+        f"Each measurement started once the machine kept fewer than {QUIET_CORES} cores busy over "
+        f"{QUIET_WINDOW:g} s (a vLLM server keeps a core busy for about a second after its last request, which the next "
         f"server measured would share): the longest wait was {max(r['quiet_wait_seconds'] for r in starts):.1f} s"
         + (
             f"; {len(busy)} of {len(starts)} started on a busy machine after waiting "
