@@ -18,6 +18,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -452,6 +453,105 @@ def throughput(
             for batch, prompts in batches.items()
         }
         for name in systems
+    }
+
+
+class RecordingGraph:
+    """A compiled graph that keeps the inputs of its latest call, so that step can be timed again alone."""
+
+    def __init__(self, graph: Callable[..., Any]):
+        self.graph = graph
+        self.inputs: tuple[Any, ...] | None = None
+
+    def __call__(self, *inputs: Any) -> Any:
+        self.inputs = inputs
+        return self.graph(*inputs)
+
+
+def weight_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights a decode step multiplies a row by: every linear layer's and the LM head's, each once."""
+    from trnmodels.core.parallel.layers import (
+        ColumnParallelLinear,
+        ParallelLMHead,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+
+    kinds = (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, ReplicatedLinear, ParallelLMHead)
+    found = {id(m.weight): m.weight for m in model.modules() if isinstance(m, kinds) and m.weight.dim() == 2}
+    return list(found.values())
+
+
+def _per_call(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+class MatrixProducts(torch.nn.Module):
+    """Every weight against one row, through core's ``linear`` op: a decode step's matrix-vector products
+    alone. The weights are the model's own tensors (buffers sharing their storage), one input row per width."""
+
+    def __init__(self, weights: Sequence[torch.Tensor]):
+        super().__init__()
+        self.widths = sorted({w.shape[1] for w in weights})
+        for i, w in enumerate(weights):
+            # A plain tensor over the same storage: export takes no Parameter as a buffer.
+            self.register_buffer(f"w{i}", w.detach(), persistent=False)
+        self.count = len(weights)
+
+    def forward(self, *rows: torch.Tensor) -> list[torch.Tensor]:
+        from trnmodels.core.ops.linear import linear
+
+        by_width = dict(zip(self.widths, rows, strict=True))
+        weights = [getattr(self, f"w{i}") for i in range(self.count)]
+        return [linear(by_width[w.shape[1]], w) for w in weights]
+
+    def example_rows(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        return tuple(torch.randn(1, k, generator=gen, dtype=dtype) for k in self.widths)
+
+
+def decode_split(
+    graph: RecordingGraph, model: torch.nn.Module, rounds: int, calls: int = 16, nbytes: int = 1 << 30
+) -> dict[str, Any]:
+    """Where a compiled batch-1 decode step's time goes, in ``rounds`` rounds taking turns:
+
+    - ``graph_seconds``: the compiled graph alone, called again on its latest step's inputs (the runner's
+      own caches; it rewrites the same cache slot with the same values), nothing of the runner around it;
+    - ``products_seconds``: the step's matrix-vector products alone (``MatrixProducts``), captured and
+      compiled as the decode graphs are (``compile_module``: one row in FP32 takes the form ``cpu.linear``
+      gives it in a graph), the model's weights bound to it;
+    - ``read_bandwidth_bytes_per_s``: a stream that only reads (``read_bandwidth``), between them.
+
+    Medians over the rounds; each of the first two is the mean of ``calls`` calls."""
+    from trnmodels.core.compile.driver import compile_module
+    from trnmodels.core.compile.load import load_compiled_module
+
+    if graph.inputs is None:
+        raise RuntimeError("the decode graph has not run: no step to time")
+    inputs = graph.inputs
+    weights = weight_matrices(model)
+    products = MatrixProducts(weights)
+    rows = products.example_rows(weights[0].dtype)
+    with tempfile.TemporaryDirectory(prefix="trnmodels-products-") as tmp, torch.no_grad():
+        path = Path(tmp) / "products.pt2"
+        compile_module(products, rows, path, "matrix products")
+        compiled = load_compiled_module(path, products)
+    times: dict[str, list[float]] = defaultdict(list)
+    with torch.inference_mode():
+        compiled(*rows)
+        graph.graph(*inputs)
+        for _ in range(rounds):
+            times["graph_seconds"].append(_per_call(lambda: graph.graph(*inputs), calls))
+            times["products_seconds"].append(_per_call(lambda: compiled(*rows), calls))
+            times["read_bandwidth_bytes_per_s"].append(read_bandwidth(nbytes))
+    return {key: statistics.median(values) for key, values in times.items()} | {
+        "rounds": rounds,
+        "matrices": len(weights),
+        "matrix_bytes": sum(w.numel() * w.element_size() for w in weights),
     }
 
 

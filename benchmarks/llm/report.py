@@ -239,14 +239,39 @@ def _why_decode(r: View) -> str:
 def _why_roofline(r: View) -> str:
     ours, hf, roof = _step_ms(r, "ours_compiled", 1), _step_ms(r, "hf", 1), 1000 / roofline(r)
     need = roof / ROOFLINE_SHARE
-    return (
+    text = (
         f"Streaming the {_mb(step_bytes(r))} of weights a token reads at the "
         f"{r['bandwidth_bytes_per_s'] / GB:.1f} GB/s measured in this run takes {roof:.1f} ms; our compiled "
         f"step took {ours:.1f} ms ({ours - roof:.1f} ms more), HF's eager step {hf:.1f} ms. "
         f"{ROOFLINE_SHARE:.0%} of the roofline is a step of {need:.1f} ms: {need - roof:.1f} ms for all "
         "that is not streaming weights (attention over the context bucket, norms, rotary, sampling, the "
         "runner's host-side bookkeeping), and the matrix-vector products streaming at full copy "
-        "bandwidth, which a GEMM reading the weight once in its own order does not quite reach."
+        "bandwidth"
+    )
+    split = r.get("decode_split")
+    if not split:  # a run from before the step was timed piece by piece
+        return text + ", which a GEMM reading the weight once in its own order does not quite reach."
+    return text + ". " + _decode_split_text(r, split, ours)
+
+
+def _decode_split_text(r: View, split: Mapping[str, Any], step_ms: float) -> str:
+    graph, products = 1000 * split["graph_seconds"], 1000 * split["products_seconds"]
+    read = split["read_bandwidth_bytes_per_s"]
+    rounds_read = r.get("read_bandwidth_bytes_per_s")
+    then = f"; in the throughput rounds it ran at {rounds_read / GB:.1f}" if rounds_read else ""
+    products_rate = split["matrix_bytes"] / split["products_seconds"]
+    graph_rate = step_bytes(r) / split["graph_seconds"]
+    return (
+        f"The step timed again piece by piece after the rounds ({split['rounds']} rounds taking turns, with a "
+        f"read-only stream between them at {read / GB:.1f} GB/s{then}): the compiled graph alone, called on "
+        f"a step's own inputs with nothing of the runner around it, took {graph:.1f} ms (the step in the "
+        f"rounds: {step_ms:.1f} ms), reading the step's weights at {graph_rate / GB:.1f} GB/s, "
+        f"{graph_rate / read:.0%} of that stream. Of it, the matrix-vector products alone (every linear "
+        f"layer's weight and the LM head's against one row: {split['matrices']} matrices, "
+        f"{_mb(split['matrix_bytes'])}; core's one-row linear in one graph compiled as the decode graphs "
+        f"are) took {products:.1f} ms, reading at {products_rate / GB:.1f} GB/s, "
+        f"{products_rate / read:.0%} of the stream; the rest of the graph (attention over the context "
+        f"bucket, norms, rotary, sampling) took the other {graph - products:.1f} ms."
     )
 
 

@@ -86,6 +86,7 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
     from trnmodels.core.compile import CompileTarget, load_compiled_graphs
     from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
     from trnmodels.core.runner.engine import Runner
+    from trnmodels.core.runner.graphs import DECODE, GraphSpec
 
     target = CompileTarget(checkpoint["dir"], BENCH_RUNNER)
     init_parallel_state(1)
@@ -95,6 +96,12 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
         graphs = load_compiled_graphs(target, model, cache_dir)
         load_seconds = time.perf_counter() - start
         hf = AutoModelForCausalLM.from_pretrained(checkpoint["dir"], dtype=torch.float32).eval()
+        # The batch-1 decode graph keeps its latest inputs: after the rounds, a dense model's step is timed
+        # again piece by piece (``measure.decode_split``), for what the roofline's section says.
+        batch1 = GraphSpec(DECODE, (1, BENCH_RUNNER.context_len_buckets[-1]))
+        recording = measure.RecordingGraph(graphs[batch1]) if batch1 in graphs else None
+        if recording is not None:
+            graphs[batch1] = recording
         systems = {
             "ours_eager": measure.runner_generate(Runner(model, BENCH_RUNNER)),
             "ours_compiled": measure.runner_generate(Runner(model, BENCH_RUNNER, graphs=graphs)),
@@ -109,12 +116,18 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
             streams["read_bandwidth_bytes_per_s"].append(measure.read_bandwidth(settings.bandwidth_bytes))
 
         figures = measure.throughput(systems, *_prompts(checkpoint, settings), between_rounds=measure_streams)
+        split = (
+            measure.decode_split(recording, model, settings.repeats)
+            if recording is not None and not checkpoint["experts"]
+            else None
+        )
     finally:
         destroy_parallel_state()
     return {
         "figures": figures,
         "graphs_load_seconds": load_seconds,
         "graphs_loaded": len(graphs),
+        "decode_split": split,
         "bandwidth": {name: statistics.median(values) for name, values in streams.items()}
         | {"bandwidth_in_rounds": len(streams["bandwidth_bytes_per_s"])},
     }
@@ -160,6 +173,8 @@ def _run_workload(model: str, workload: str, settings: Settings, work_dir: Path,
         "loaded_graphs": figures["graphs_loaded"],
     }
     out["throughput"] = figures["figures"]
+    if figures["decode_split"] is not None:
+        out["decode_split"] = figures["decode_split"]
     # The workload's own bandwidth figures (``views`` puts them over the run's, for its roofline).
     out |= figures["bandwidth"]
     return out
