@@ -95,6 +95,11 @@ def all_checks(
         q, k, v = qkv(inputs["x"])
         out[f"qkv{kv}"] = (q, k, v)
         out[f"qkv{kv}_heads"] = (qkv.num_heads, qkv.num_kv_heads)
+        # V taken from the K projection: only q and k keys, only q and k rows.
+        qk = QKVParallelLinear(hidden, head_dim, num_heads=4, num_kv_heads=kv, bias=True, v_is_k=True)
+        load_parameters(qk, ckpt, {"weight": keys[:2], "bias": biases[:2]}, **load)
+        q, k, v = qk(inputs["x"])
+        out[f"qk{kv}"] = (q, k, v, v is k, tuple(qk.weight.shape))
 
     gathered: list[dict | None] = [None] * world_size
     dist.all_gather_object(gathered, out)

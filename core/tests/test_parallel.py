@@ -149,6 +149,11 @@ def test_qkv_parallel_heads_per_rank(tp2, kv):
         torch.testing.assert_close(q_r, q[:, 2 * rank : 2 * rank + 2])
         torch.testing.assert_close(k_r, k[:, kv_head : kv_head + 1])
         torch.testing.assert_close(v_r, v[:, kv_head : kv_head + 1])
+        # v_is_k: the same q and k from a weight of q's and k's rows alone (2 + 1 heads of 2), v = k.
+        q_r, k_r, v_r, same, shape = r[f"qk{kv}"]
+        torch.testing.assert_close(q_r, q[:, 2 * rank : 2 * rank + 2])
+        torch.testing.assert_close(k_r, k[:, kv_head : kv_head + 1])
+        assert same and shape == (3 * HEAD_DIM, x.shape[-1])
 
 
 # --- in-process: world size 1 and validation -------------------------------------------------------

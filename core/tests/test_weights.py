@@ -173,6 +173,19 @@ def test_fused_qkv_errors(ckpt: SafetensorsCheckpoint):
         fused_qkv(HEADS, 4, HEAD_DIM)([q, k, ckpt.tensor("v.weight")], 0, 2)
 
 
+def test_fused_qk_without_v_holds_q_and_k_rows_only(ckpt: SafetensorsCheckpoint):
+    t = _tensors()
+    q, k = t["q.weight"], t["k.weight"]
+    loader = fused_qkv(HEADS, KV, HEAD_DIM, with_v=False)
+    tensors = [ckpt.tensor(n) for n in ("q.weight", "k.weight")]
+    torch.testing.assert_close(loader(tensors, 0, 1), torch.cat([q, k]))
+    torch.testing.assert_close(loader(tensors, 1, 2), torch.cat([q[16:32], k[4:8]]))
+    # World 4 > 2 KV heads: rank 2 holds query heads 4-5 (rows 16-24) and KV head 1, as with v.
+    torch.testing.assert_close(loader(tensors, 2, 4), torch.cat([q[16:24], k[4:8]]))
+    with pytest.raises(CheckpointError, match=r"q and k keys, got \['q.weight', 'k.weight', 'v.weight'\]"):
+        loader([*tensors, ckpt.tensor("v.weight")], 0, 1)
+
+
 def test_padded_rows_beyond_vocab_are_zero(ckpt: SafetensorsCheckpoint):
     embed = _tensors()["embed"]  # vocab 5, dim 3; at world 4 each rank holds 2 rows (8 padded)
     t = ckpt.tensor("embed")

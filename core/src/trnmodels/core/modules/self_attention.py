@@ -38,6 +38,7 @@ class SelfAttention(nn.Module):
     """``forward(x [T, hidden], cos, sin, meta) → [T, hidden]``, reduced over TP; heads split over TP.
 
     ``qk_norm(head_dim)`` builds the per-head norm applied to q and to k before RoPE (None: no norm).
+    With ``v_is_k`` the checkpoint has no ``v_proj``: V is the K projection, before k's norm and RoPE.
     With ``kv_sharing_target_layer_name`` the layer owns no K/V projection and no cache: it projects
     queries only (``q_proj``) and attends over the target layer's cache.
     """
@@ -56,6 +57,7 @@ class SelfAttention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         sinks: bool = False,
+        v_is_k: bool = False,
         kv_sharing_target_layer_name: str | None = None,
         dtype: torch.dtype = torch.float32,
     ):
@@ -70,7 +72,7 @@ class SelfAttention(nn.Module):
             local_kv_heads = kv_heads_per_rank(num_heads, num_kv_heads, tp.world_size)
         else:
             self.qkv_proj = QKVParallelLinear(
-                hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, dtype=dtype
+                hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, v_is_k=v_is_k, dtype=dtype
             )
             self.num_heads, local_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_norm = qk_norm(head_dim) if qk_norm is not None else None
@@ -117,7 +119,8 @@ class SelfAttention(nn.Module):
             heads = self.qkv_proj.heads(x)
             h, hkv = self.num_heads, self.qkv_proj.num_kv_heads
             qk = ops.apply_rope(heads[:, : h + hkv], cos, sin)
-            return qk[:, :h], qk[:, h:], heads[:, h + hkv :]
+            v = heads[:, h:] if self.qkv_proj.v_is_k else heads[:, h + hkv :]
+            return qk[:, :h], qk[:, h:], v
         k: torch.Tensor | None
         v: torch.Tensor | None
         if self.shares_kv:
@@ -144,9 +147,10 @@ class SelfAttention(nn.Module):
             if self.qkv_bias:
                 keys["q_proj.bias"] = f"{prefix}q_proj.bias"
         else:
-            keys["qkv_proj.weight"] = [f"{prefix}{p}.weight" for p in QKV_SOURCES]
+            sources = QKV_SOURCES[:2] if self.qkv_proj.v_is_k else QKV_SOURCES
+            keys["qkv_proj.weight"] = [f"{prefix}{p}.weight" for p in sources]
             if self.qkv_bias:
-                keys["qkv_proj.bias"] = [f"{prefix}{p}.bias" for p in QKV_SOURCES]
+                keys["qkv_proj.bias"] = [f"{prefix}{p}.bias" for p in sources]
         if self.o_bias:
             keys["o_proj.bias"] = f"{prefix}o_proj.bias"
         if self.q_norm is not None:

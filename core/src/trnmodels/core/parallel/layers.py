@@ -87,7 +87,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(nn.Module):
-    """Fused q/k/v projection. Returns ``q [T, Hq_local, D]``, ``k`` and ``v [T, Hkv_local, D]``."""
+    """Fused q/k/v projection. Returns ``q [T, Hq_local, D]``, ``k`` and ``v [T, Hkv_local, D]``.
+
+    With ``v_is_k`` (a layer whose V is its K projection) the weight holds q and k rows only, and ``v``
+    is the same tensor as ``k``: a step reads the K projection once."""
 
     def __init__(
         self,
@@ -97,16 +100,18 @@ class QKVParallelLinear(nn.Module):
         num_kv_heads: int,
         bias: bool = False,
         *,
+        v_is_k: bool = False,
         dtype: torch.dtype = torch.float32,
         tp: ProcessGroupHandle | None = None,
     ):
         super().__init__()
         self.tp = tp or get_tp_group()
         self.head_dim = head_dim
+        self.v_is_k = v_is_k
         self.num_kv_heads = kv_heads_per_rank(num_heads, num_kv_heads, self.tp.world_size)
         self.num_heads = num_heads // self.tp.world_size
-        rows = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        loader = fused_qkv(num_heads, num_kv_heads, head_dim)
+        rows = (self.num_heads + (1 if v_is_k else 2) * self.num_kv_heads) * head_dim
+        loader = fused_qkv(num_heads, num_kv_heads, head_dim, with_v=not v_is_k)
         self.weight = _param(rows, hidden_size, dtype=dtype)
         set_weight_loader(self.weight, loader)
         self.bias = _param(rows, dtype=dtype) if bias else None
@@ -114,10 +119,14 @@ class QKVParallelLinear(nn.Module):
             set_weight_loader(self.bias, loader)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
-        """Every projected head, ``[T, Hq_local + 2 * Hkv_local, D]``: q's heads, then k's, then v's."""
+        """Every projected head, ``[T, Hq_local + 2 * Hkv_local, D]``: q's heads, then k's, then v's
+        (with ``v_is_k``, ``[T, Hq_local + Hkv_local, D]``: q's, then k's)."""
         return linear(x, self.weight, self.bias).view(*x.shape[:-1], -1, self.head_dim)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.v_is_k:
+            q, k = self.heads(x).split([self.num_heads, self.num_kv_heads], dim=-2)
+            return q, k, k
         q, k, v = self.heads(x).split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=-2)
         return q, k, v
 

@@ -141,24 +141,26 @@ def kv_head_for_rank(rank: int, world_size: int, num_kv_heads: int) -> int:
     return rank // (world_size // num_kv_heads)
 
 
-def fused_qkv(num_heads: int, num_kv_heads: int, head_dim: int) -> WeightLoader:
-    """q, k and v keys fused into one rank-local ``[q; k; v]`` along dim 0 (weights or biases).
+def fused_qkv(num_heads: int, num_kv_heads: int, head_dim: int, *, with_v: bool = True) -> WeightLoader:
+    """q, k and v keys fused into one rank-local ``[q; k; v]`` along dim 0 (weights or biases); without
+    ``with_v`` (a layer whose V is its K projection), q and k keys into ``[q; k]``.
 
     Query heads split evenly; KV heads split evenly when there are at least as many as ranks, and are
     replicated otherwise.
     """
+    names = "q, k and v" if with_v else "q and k"
 
     def plan(tensors: Sequence[CheckpointTensor], rank: int, world_size: int) -> list[RowRange]:
-        if len(tensors) != 3:
-            raise CheckpointError(f"fused QKV expects q, k and v keys, got {[t.key for t in tensors]}")
-        q, k, v = tensors
-        for t, heads in ((q, num_heads), (k, num_kv_heads), (v, num_kv_heads)):
+        if len(tensors) != (3 if with_v else 2):
+            raise CheckpointError(f"fused QKV expects {names} keys, got {[t.key for t in tensors]}")
+        q, *kv = tensors
+        for t, heads in ((q, num_heads), *((t, num_kv_heads) for t in kv)):
             if t.shape[0] != heads * head_dim:
                 raise CheckpointError(
                     f"{t.describe()}: expected {heads} heads × head_dim {head_dim} = {heads * head_dim} rows"
                 )
         ranges = [_row_shard(q, rank, world_size)]
-        for t in (k, v):
+        for t in kv:
             if num_kv_heads >= world_size:
                 ranges.append(_row_shard(t, rank, world_size))
             else:

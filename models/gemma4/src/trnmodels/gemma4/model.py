@@ -3,7 +3,7 @@
 What differs from Llama (see docs/models/gemma4.md):
 
 - each layer is sliding or full attention; full layers have their own head size and KV-head count, and
-  with ``attention_k_eq_v`` take V from the K projection (the fused projection loads K twice);
+  with ``attention_k_eq_v`` take V from the K projection (the fused projection holds q and k only);
 - q_norm and k_norm scale, v_norm does not; the attention scale is 1.0;
 - four sandwich norms per layer, and a checkpointed ``layer_scalar`` multiplying its output;
 - RoPE per layer type (default on sliding layers, proportional with partial rotary on full layers);
@@ -73,10 +73,10 @@ class Gemma4Attention(SelfAttention):
             qk_norm=lambda dim: norm(cfg, dim),
             scale=1.0,  # q_norm and k_norm already fix the logit scale
             sliding_window=layer.sliding_window,
+            v_is_k=layer.k_eq_v,
             kv_sharing_target_layer_name=None if layer.kv_source is None else layer_name(layer.kv_source),
             dtype=cfg.dtype,
         )
-        self.k_eq_v = layer.k_eq_v
         self.v_norm = None if self.shares_kv else norm(cfg, layer.head_dim, with_scale=False)
 
     def project(
@@ -84,16 +84,6 @@ class Gemma4Attention(SelfAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         q, k, v = super().project(x, cos, sin)
         return q, k, (v if self.v_norm is None else self.v_norm(v))
-
-    def checkpoint_keys(self, prefix: str) -> KeyDict:
-        keys = super().checkpoint_keys(prefix)
-        if self.k_eq_v and not self.shares_kv:
-            keys["qkv_proj.weight"] = [
-                f"{prefix}q_proj.weight",
-                f"{prefix}k_proj.weight",
-                f"{prefix}k_proj.weight",
-            ]
-        return keys
 
 
 class Gemma4Router(nn.Module):
