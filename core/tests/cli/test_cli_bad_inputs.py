@@ -149,6 +149,26 @@ def test_a_failed_run_keeps_the_existing_output_and_a_good_one_replaces_it(check
     assert load_file(out)["logits"].shape == (3, 320) and sorted(os.listdir(tmp_path)) == [out.name]
 
 
+def test_a_replaced_output_keeps_its_mode_and_a_new_one_follows_the_umask(checkpoints, tmp_path, capsys):
+    # safetensors creates its files 0o600 whatever the umask: the result must not take that mode.
+    kept = tmp_path / "kept.safetensors"
+    kept.write_bytes(b"previous result")
+    kept.chmod(0o640)
+    mask = os.umask(0o022)
+    try:
+        for out in (kept, tmp_path / "new.safetensors"):
+            argv = ["logits", str(checkpoints["CKPT"]), "--token-ids", "1,2", "--out", str(out)]
+            code, _, err = run(argv, capsys)
+            assert code == 0, err
+    finally:
+        os.umask(mask)
+    assert load_file(kept)["logits"].shape == (2, 320)
+    assert (kept.stat().st_mode & 0o777, (tmp_path / "new.safetensors").stat().st_mode & 0o777) == (
+        0o640,
+        0o644,
+    )
+
+
 @pytest.mark.skipif(
     hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories"
 )

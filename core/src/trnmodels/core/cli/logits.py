@@ -12,6 +12,7 @@ from ..argtypes import int_list, positive_int
 from ..errors import InputError
 from ..runtime_config import DTYPES
 from .flags import add_parallel_flags
+from .outputs import replace_output
 
 
 def reserve_output(out: Path) -> Path:
@@ -47,7 +48,7 @@ def cmd_logits(args: argparse.Namespace) -> dict[str, Any]:
         )
         try:
             save_file({"logits": logits.to(torch.float32).contiguous()}, str(tmp))
-            tmp.replace(out)
+            replace_output(tmp, out)
         except OSError as e:
             raise InputError(f"--out: cannot write {out}: {e.strerror or e}") from None
     finally:

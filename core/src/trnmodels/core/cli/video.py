@@ -37,6 +37,7 @@ from typing import Any
 
 from ..argtypes import finite_float, positive_int, seed
 from ..errors import InputError, TrnModelsError
+from .outputs import replace_output
 
 DTYPES = ("float32", "bfloat16")
 # Guidance runs when the scale is > 1 (diffusers' switch); below that the scale is unused, and a negative
@@ -263,7 +264,7 @@ def write_together(writes: list[tuple[Callable[[Path], None], Path]]) -> None:
             staged.append((target.with_name(f".{target.stem}.partial{target.suffix}"), target))
             write(staged[-1][0])
         for tmp, target in staged:
-            os.replace(tmp, target)
+            replace_output(tmp, target)
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
