@@ -470,15 +470,9 @@ class RecordingGraph:
 
 def weight_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
     """The weights a decode step multiplies a row by: every linear layer's and the LM head's, each once."""
-    from trnmodels.core.parallel.layers import (
-        ColumnParallelLinear,
-        ParallelLMHead,
-        QKVParallelLinear,
-        ReplicatedLinear,
-        RowParallelLinear,
-    )
+    from trnmodels.core.parallel.layers import LINEAR_LAYERS, ParallelLMHead
 
-    kinds = (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, ReplicatedLinear, ParallelLMHead)
+    kinds = (*LINEAR_LAYERS, ParallelLMHead)
     found = {id(m.weight): m.weight for m in model.modules() if isinstance(m, kinds) and m.weight.dim() == 2}
     return list(found.values())
 

@@ -176,6 +176,10 @@ class ReplicatedLinear(nn.Module):
         return linear(x, self.weight, self.bias)
 
 
+# Every layer that multiplies its input by a 2-D weight through ``linear`` (the LM head aside).
+LINEAR_LAYERS = (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, ReplicatedLinear)
+
+
 def padded_vocab(vocab_size: int, world_size: int) -> int:
     return math.ceil(vocab_size / world_size) * world_size
 

@@ -21,15 +21,7 @@ from torch import nn
 
 from ..cpu.packed import PackedGemm, pack
 from ..ops.dispatch import cpu_kernel_enabled
-from ..parallel.layers import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    QKVParallelLinear,
-    ReplicatedLinear,
-    RowParallelLinear,
-)
-
-LINEAR_LAYERS = (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, ReplicatedLinear)
+from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
 
 
 def why_not_packed(weight: torch.Tensor) -> str | None:
