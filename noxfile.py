@@ -392,3 +392,11 @@ def bench_vllm(session: nox.Session) -> None:
     implementation; writes docs/benchmarks/vllm.md/.json (`-- [PLUGIN] [--out PAGE] [--quick]`)."""
     _install_vllm(session)
     session.run("python", "-m", "benchmarks.vllm_serving", *session.posargs)
+
+
+@nox.session(name="bench-gemm", venv_backend="venv")
+def bench_gemm(session: nox.Session) -> None:
+    """Core's BF16 GEMM against vLLM's CPU GEMM on a plugin's bench weights (default llama3); writes
+    docs/benchmarks/bf16-gemm.md/.json (`-- [PLUGIN] [--out PAGE]`)."""
+    _install_vllm(session)
+    session.run("python", "-m", "benchmarks.bf16_gemm", *session.posargs)

@@ -43,7 +43,7 @@ def _build(member: Path, kind: str, out: Path) -> Path:
 
 # Runs inside the fresh venv; prints where everything was imported from, as JSON.
 PROBE = """
-import importlib, importlib.metadata as md, json, sys, sysconfig
+import importlib, importlib.metadata as md, importlib.util, json, sys, sysconfig
 import trnmodels
 mods = {m: importlib.import_module(m).__file__ for m in sys.argv[1:]}
 print(json.dumps({
@@ -52,6 +52,9 @@ print(json.dumps({
     "namespace_path": list(trnmodels.__path__),
     "modules": mods,
     "entry_points": {ep.name: ep.value for ep in md.entry_points(group="trnmodels.models")},
+    # cpu.bf16_gemm builds from SOURCE = <its folder>/csrc/bf16_gemm.cpp (found without importing torch).
+    "kernel_source": importlib.util.find_spec("trnmodels.core.cpu").submodule_search_locations[0]
+    + "/csrc/bf16_gemm.cpp",
 }))
 """
 
@@ -83,6 +86,12 @@ def test_members_share_one_namespace_in_site_packages(installed):
     assert {"trnmodels.core", "trnmodels.llama3"} <= installed["modules"].keys()
     for module, file in installed["modules"].items():
         assert Path(file).resolve().is_relative_to(site / "trnmodels"), f"{module} imported from {file}"
+
+
+def test_the_cpu_kernels_c_source_ships_where_the_module_builds_it_from(installed):
+    source = Path(installed["kernel_source"])
+    assert source.is_file() and source.resolve().is_relative_to(Path(installed["site"]).resolve())
+    assert source.read_bytes() == (ROOT / "core/src/trnmodels/core/cpu/csrc/bf16_gemm.cpp").read_bytes()
 
 
 def test_entry_points(installed):

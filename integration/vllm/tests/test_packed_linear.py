@@ -1,7 +1,7 @@
-"""The bridge's use of vLLM's CPU GEMM for the plugin's BF16 linear layers (``core.vllm.packed_linear``):
-each packed layer computes its linear map within BF16 rounding of a float64 truth, eagerly and under
-torch.compile, gives its weight's memory back unless something else reads it, and every case vLLM's GEMM
-cannot take keeps core's linear op."""
+"""The bridge's packed GEMMs for the plugin's BF16 linear layers (``core.vllm.packed_linear``), core's
+BF16 GEMM and vLLM's CPU GEMM alike: each packed layer computes its linear map within BF16 rounding of a
+float64 truth, eagerly and under torch.compile, gives its weight's memory back unless something else reads
+it, and every case no packed GEMM can take keeps core's linear op."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from test_real_weights import QUESTION, smollm2  # noqa: F401 (a fixture)
 from torch import nn
 from vllm_harness import run_offline
 
+from trnmodels.core.cpu import bf16_gemm
 from trnmodels.core.parallel import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -22,9 +23,19 @@ from trnmodels.core.parallel import (
     VocabParallelEmbedding,
 )
 from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
-from trnmodels.core.vllm.packed_linear import pack_linear_layers
+from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers
 
 H = 128
+
+
+@pytest.fixture(autouse=True, params=["core", "vllm"])
+def gemm(request, monkeypatch):
+    """Every test runs with each GEMM the bridge can pack for."""
+    if request.param == "core" and bf16_gemm.why_unavailable() is not None:
+        pytest.skip(f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}")
+    monkeypatch.setenv(GEMM_ENV_VAR, request.param)
+    assert chosen_gemm() == request.param
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -123,14 +134,15 @@ def test_cases_vllms_gemm_does_not_take_keep_cores_linear_op(monkeypatch, dtype,
     assert module.weight.untyped_storage().nbytes() == module.weight.numel() * module.weight.element_size()
 
 
-def test_real_weights_in_bfloat16_answer_the_question(smollm2, tmp_path):  # noqa: F811
-    """SmolLM2 served in BF16: every linear layer runs vLLM's GEMM, and the answer is right (random
+def test_real_weights_in_bfloat16_answer_the_question(smollm2, tmp_path, gemm):  # noqa: F811
+    """SmolLM2 served in BF16: every linear layer runs the packed GEMM, and the answer is right (random
     weights could not show it). Eager: with vLLM's compile the BF16 model answers otherwise whoever serves
     it (measured: the same wrong answer from the plugin, packed or not, and from vLLM's own Llama), so that
     run cannot judge the GEMM; the tests above check it under torch.compile against a float64 truth."""
     chat = [[{"role": "user", "content": QUESTION}]]
     result = run_offline(smollm2, tmp_path, prompts=[], chats=chat, dtype="bfloat16")
-    assert "linear layers run vLLM's CPU GEMM" in result["log"]
+    name = {"core": "core's BF16 GEMM", "vllm": "vLLM's CPU GEMM"}[gemm]
+    assert f"linear layers run {name}" in result["log"]
     assert "core's linear op for" not in result["log"]
     answer = transformers.AutoTokenizer.from_pretrained(str(smollm2)).decode(result["chats"][0]["token_ids"])
     assert "Paris" in answer, answer

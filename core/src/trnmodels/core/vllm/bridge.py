@@ -35,7 +35,7 @@ from ..parallel.state import get_tp_group, init_parallel_state
 from ..runtime_config import NeuronConfig
 from .attention import swap_attention
 from .fused_moe import swap_fused_experts
-from .packed_linear import pack_linear_layers
+from .packed_linear import chosen_gemm, pack_linear_layers
 from .preflight import checkpoint_dir, resolve_plugin
 
 # vLLM configures handlers for its own logger tree only; under it, our lines appear in vLLM's log.
@@ -129,7 +129,9 @@ class TrnmodelsForCausalLM(nn.Module):
         _log_kernels(
             "MoE layers run vLLM's fused CPU MoE kernel", "core's kernel", swap_fused_experts(self.model)
         )
-        _log_kernels("linear layers run vLLM's CPU GEMM", "core's linear op", pack_linear_layers(self.model))
+        packed = pack_linear_layers(self.model)
+        gemm = "core's BF16 GEMM" if packed[0] and chosen_gemm() == "core" else "vLLM's CPU GEMM"
+        _log_kernels(f"linear layers run {gemm}", "core's linear op", packed)
         return loaded
 
 

