@@ -5,10 +5,17 @@ last panel of fewer than 32 columns, an odd K); non-finite inputs reach the resu
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from trnmodels.core.cpu import bf16_gemm
+from trnmodels.core.errors import ConfigError
+from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers
 
 pytestmark = pytest.mark.skipif(
     bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
@@ -23,7 +30,9 @@ def assert_within_bf16_rounding(got: torch.Tensor, x: torch.Tensor, weight: torc
     bound = 2**-8 * truth.abs() + slack
     assert got.dtype == torch.bfloat16 and got.shape == truth.shape
     excess = (got.double() - truth).abs() - bound
-    assert excess.max() <= 0, f"{int((excess > 0).sum())} elements beyond BF16 rounding, worst by {excess.max():.3g}"
+    assert excess.max() <= 0, (
+        f"{int((excess > 0).sum())} elements beyond BF16 rounding, worst by {excess.max():.3g}"
+    )
 
 
 @pytest.mark.parametrize("n, k", [(96, 64), (100, 77), (33, 256), (1, 5), (40, 1)])
@@ -83,3 +92,29 @@ def test_torch_compile_traces_the_op():
     for rows in (3, 11):
         x = torch.randn(rows, 64, generator=gen).bfloat16()
         assert torch.equal(compiled(x), bf16_gemm.gemm(x, packed, 70) * 2)
+
+
+def test_the_bridge_chooses_core_s_gemm_unless_told_and_refuses_a_bad_setting(monkeypatch):
+    monkeypatch.delenv(GEMM_ENV_VAR, raising=False)
+    assert chosen_gemm() == "core"
+    monkeypatch.setenv(GEMM_ENV_VAR, "vllm")
+    assert chosen_gemm() == "vllm"
+    monkeypatch.setenv(GEMM_ENV_VAR, "onednn")
+    with pytest.raises(ConfigError, match=r"TRNMODELS_BF16_GEMM: expected one of core, vllm, got 'onednn'"):
+        chosen_gemm()
+    with pytest.raises(ConfigError, match="TRNMODELS_BF16_GEMM"):  # even with no BF16 weight to pack
+        pack_linear_layers(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_a_lock_file_left_by_a_killed_build_does_not_block_the_next(tmp_path):
+    """torch's extension builder waits forever on a ``lock`` file its killed predecessor left behind."""
+    folder = bf16_gemm.build_dir()
+    cache = tmp_path / "cache"
+    copy = cache / folder.relative_to(folder.parents[2])
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    (copy / "lock").touch()
+    probe = "from trnmodels.core.cpu import bf16_gemm; print(bf16_gemm.why_unavailable())"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
+    assert not (copy / "lock").exists()

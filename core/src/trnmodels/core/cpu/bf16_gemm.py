@@ -2,13 +2,11 @@
 then one C++ kernel (``csrc/bf16_gemm.cpp``) for every row count, FP32 sums rounded once to BF16.
 
 Why our own: at decode sizes a BF16 linear layer only streams its weight, so it should read at the
-memory's speed. oneDNN's packed matmul (vLLM's CPU GEMM on a CPU without AMX) read the llama3 bench
-config's BF16 weights at 22-26 GB/s, one to eight rows, against a 33-36 GB/s read stream, and no other
-eager path here was faster (``F.linear`` 17 GB/s at one row, ``torch.mv`` 10). The panel layout makes
-every panel one sequential stream and needs no horizontal sums; measured here (2 threads, the bench
-config's five weight shapes, 6 copies each so they come from memory; GB/s of weight read, ours / oneDNN's):
-1 row 25-33 / 17-27, 3 rows 21-23 / 18-19, 8 rows 31-32 / 22-24, 16 rows 21-22 / 16-19, 32 rows 11-13 /
-10-11, 128 rows 3.4-3.5 / 3.2-3.4 (compute-bound: both run VDPBF16PS).
+memory's speed. oneDNN's packed matmul (vLLM's CPU GEMM on a CPU without AMX) does not: on the llama3
+bench config's weights it read 17-22 GB/s at one to eight rows against a 32 GB/s read stream, ``F.linear``
+11-12. The panel layout makes every panel one sequential stream and needs no horizontal sums: 26-29 GB/s
+there, 1.26-1.56x oneDNN's, 1.2x at 16 and 32 rows; at 128 rows both are bound by ``VDPBF16PS``
+arithmetic, and oneDNN is 5% faster (``docs/benchmarks/bf16-gemm.md``, ``nox -s bench-gemm``).
 
 The kernel is compiled with the host's C++ compiler the first time a process needs it (about 30 s, with
 ``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``
@@ -23,6 +21,7 @@ import os
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from ..compile.cache import make_private_dirs
 
@@ -53,14 +52,19 @@ def _load() -> str | None:
     make_private_dirs(folder)
     logger.info("trnmodels: loading core's BF16 GEMM kernel (built once into %s)", folder)
     try:
-        cpp_extension.load(
-            name="trnmodels_bf16_gemm",
-            sources=[str(SOURCE)],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            is_python_module=False,
-        )
+        # cpp_extension serialises builds with a plain ``lock`` file that a process killed mid-build
+        # leaves behind, and every later build then waits for it forever. An OS lock dies with its
+        # holder: whoever holds it is the only builder, so a ``lock`` file left there is stale.
+        with FileLock(folder / "trnmodels.lock"):
+            (folder / "lock").unlink(missing_ok=True)
+            cpp_extension.load(
+                name="trnmodels_bf16_gemm",
+                sources=[str(SOURCE)],
+                extra_cflags=_FLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                is_python_module=False,
+            )
     except (RuntimeError, OSError, ImportError) as e:  # no compiler, no ninja, a failed build
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"its C++ kernel could not be built here ({first})"

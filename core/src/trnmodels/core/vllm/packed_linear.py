@@ -44,10 +44,15 @@ def why_not_packed(weight: torch.Tensor) -> str | None:
 def chosen_gemm() -> str:
     """Which GEMM the bridge packs BF16 linear weights for: ``core`` where core's kernel runs (unless
     ``TRNMODELS_BF16_GEMM=vllm``), else ``vllm``."""
+    return "core" if gemm_setting() == "core" and bf16_gemm.why_unavailable() is None else "vllm"
+
+
+def gemm_setting() -> str:
+    """``TRNMODELS_BF16_GEMM`` (default ``core``), refused unless one of ``GEMMS``."""
     choice = os.environ.get(GEMM_ENV_VAR, "core")
     if choice not in GEMMS:
-        raise ConfigError(f"{GEMM_ENV_VAR}: expected one of {GEMMS}, got {choice!r}")
-    return "core" if choice == "core" and bf16_gemm.why_unavailable() is None else "vllm"
+        raise ConfigError(f"{GEMM_ENV_VAR}: expected one of {', '.join(GEMMS)}, got {choice!r}")
+    return choice
 
 
 def core_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
@@ -93,6 +98,7 @@ def _checked(
 def pack_linear_layers(model: nn.Module) -> tuple[int, list[str]]:
     """Register a packed GEMM (``chosen_gemm``) for every linear layer's weight in ``model``; returns how
     many were packed and why the others were not."""
+    gemm_setting()  # a bad setting is refused even where no weight is BF16
     shared = _shared_parameters(model)
     gemm_for = None  # chosen at the first weight that can be packed (core's may have to be built first)
     packed, reasons = 0, []
