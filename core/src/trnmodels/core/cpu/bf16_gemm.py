@@ -8,8 +8,8 @@ bench config's weights it read 17-22 GB/s at one to eight rows against a 32 GB/s
 there, 1.26-1.56x oneDNN's, 1.2x at 16 and 32 rows; at 128 rows both are bound by ``VDPBF16PS``
 arithmetic, and oneDNN is 5% faster (``docs/benchmarks/bf16-gemm.md``, ``nox -s bench-gemm``).
 
-The kernel is compiled with the host's C++ compiler the first time a process needs it (about 30 s, with
-``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``
+The kernel is compiled with the host's C++ compiler the first time a process needs it (about 15 s here,
+with ``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``
 (``$XDG_CACHE_HOME``), one build per torch version; ``why_unavailable`` says why it cannot run.
 """
 
@@ -28,7 +28,6 @@ from ..compile.cache import make_private_dirs
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "bf16_gemm.cpp"
-PANEL = 32  # output columns per panel (csrc/bf16_gemm.cpp's kPanel)
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 
 

@@ -35,7 +35,7 @@ from ..parallel.state import get_tp_group, init_parallel_state
 from ..runtime_config import NeuronConfig
 from .attention import swap_attention
 from .fused_moe import swap_fused_experts
-from .packed_linear import chosen_gemm, pack_linear_layers
+from .packed_linear import pack_linear_layers, why_not_core_gemm
 from .preflight import checkpoint_dir, resolve_plugin
 
 # vLLM configures handlers for its own logger tree only; under it, our lines appear in vLLM's log.
@@ -130,8 +130,10 @@ class TrnmodelsForCausalLM(nn.Module):
             "MoE layers run vLLM's fused CPU MoE kernel", "core's kernel", swap_fused_experts(self.model)
         )
         packed = pack_linear_layers(self.model)
-        gemm = "core's BF16 GEMM" if packed[0] and chosen_gemm() == "core" else "vLLM's CPU GEMM"
-        _log_kernels(f"linear layers run {gemm}", "core's linear op", packed)
+        why_not_core = why_not_core_gemm() if packed[0] else None
+        gemm = "core's BF16 GEMM" if packed[0] and why_not_core is None else "vLLM's CPU GEMM"
+        not_core = f" (not core's BF16 GEMM: {why_not_core})" if why_not_core else ""
+        _log_kernels(f"linear layers run {gemm}{not_core}", "core's linear op", packed)
         return loaded
 
 
