@@ -15,6 +15,10 @@ weights, so its ceiling is the read stream.
   as they run it;
 - ``F.linear``: torch's call on the weight as stored (what core's linear op runs when nothing is packed).
 
+Then the same in a model: the runner's eager decode in BF16 on the bench model (random weights saved as
+a checkpoint), its linear layers packed for core's GEMM (``pack_for_eager``, what ``trnmodels generate
+--eager`` does) and not packed (``F.linear``), with transformers' own BF16 model as the reference.
+
 Needs vLLM (the ``bench-gemm`` session installs it) and a CPU with AVX512-BF16.
 """
 
@@ -24,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -37,6 +42,13 @@ import torch.nn.functional as F
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
 ROUNDS = 9
 PASSES = {1: 5, 2: 5, 4: 5, 8: 5, 16: 3, 32: 2, 128: 1, 512: 1}  # passes over all weights per timing
+RUNNER_REPEATS = 5  # timed repetitions per runner figure (median)
+RUNNER_NEW_TOKENS = 33  # per decode measurement: 1 from the prefill, then 32 decode steps
+RUNNER_SYSTEMS = {
+    "core": "ours, core's BF16 GEMM",
+    "F.linear": "ours, `F.linear`",
+    "hf": "transformers",
+}
 
 
 def bench_weights(plugin_name: str) -> list[torch.Tensor]:
@@ -115,6 +127,82 @@ def measure(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, Any]
     }
 
 
+def runner_decode(plugin_name: str, repeats: int = RUNNER_REPEATS) -> dict[str, Any]:
+    """Tokens/s of the runner's eager BF16 model, packed for core's GEMM and not, and of transformers'
+    BF16 model, on the same random checkpoint: a prefill, and decode at batch 1 and the runner's most."""
+    from transformers import AutoModelForCausalLM
+
+    from trnmodels.core.causal_lm import build_model
+    from trnmodels.core.cpu.packed_layers import pack_for_eager
+    from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
+    from trnmodels.core.runner.engine import Runner
+    from trnmodels.core.runtime_config import NeuronConfig
+
+    from .llm import measure
+
+    runner = measure.BENCH_RUNNER
+    with tempfile.TemporaryDirectory(prefix="trnmodels-bench-gemm-") as tmp:
+        checkpoint = measure.make_checkpoint(plugin_name, tmp)
+        init_parallel_state(1)
+        try:
+            config = NeuronConfig(dtype=torch.bfloat16)
+            packed_model = build_model(tmp, config, progress=False)
+            packed = pack_for_eager(packed_model)
+            if not packed:
+                raise SystemExit("no linear layer of the bench model was packed for core's BF16 GEMM")
+            plain_model = build_model(tmp, config, progress=False)
+            hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16).eval()
+            systems = {
+                "core": measure.runner_generate(Runner(packed_model, runner)),
+                "F.linear": measure.runner_generate(Runner(plain_model, runner)),
+                "hf": measure.hf_generate(hf, checkpoint["pad_token_id"]),
+            }
+            vocab = checkpoint["vocab_size"]
+            lengths = [32 - 2 * i for i in range(runner.max_num_seqs)]
+            batches = {
+                "decode_b1": measure.random_prompts(lengths[:1], vocab, seed=2),
+                f"decode_b{runner.max_num_seqs}": measure.random_prompts(lengths, vocab, seed=3),
+            }
+            prefill = measure.random_prompts([runner.max_model_len], vocab, seed=1)[0]
+            figures = measure.throughput(systems, prefill, batches, RUNNER_NEW_TOKENS, repeats)
+        finally:
+            destroy_parallel_state()
+    return {
+        "packed_layers": packed,
+        "repeats": repeats,
+        "new_tokens": RUNNER_NEW_TOKENS,
+        "prefill_len": len(prefill),
+        "tok_s": figures,
+    }
+
+
+def _runner_lines(r: dict[str, Any]) -> list[str]:
+    tok_s = r["tok_s"]
+    workloads = list(tok_s["core"])
+    header = " | ".join(RUNNER_SYSTEMS[name] for name in RUNNER_SYSTEMS)
+    lines = [
+        "## In the runner: eager BF16 decode",
+        "",
+        "The runner's eager model in BF16 (`trnmodels generate --eager --dtype bfloat16`) on the bench "
+        f"model with random weights: its {r['packed_layers']} linear layers packed for core's BF16 GEMM "
+        "(`cpu.packed_layers.pack_for_eager`, what the runner does for a model no compiled graph will "
+        "read), the same model not packed (core's linear op then runs `F.linear`), and transformers' own "
+        f"model in BF16 (greedy `generate`). Tokens/s, medians of {r['repeats']} rounds, the three taking "
+        f"turns within a round: a prefill of {r['prefill_len']} tokens, and decode of "
+        f"{r['new_tokens'] - 1} steps after it (the tokens of those steps over their time).",
+        "",
+        f"| workload | {header} | core ÷ `F.linear` | core ÷ transformers |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload in workloads:
+        core, plain, hf = (tok_s[name][workload] for name in RUNNER_SYSTEMS)
+        label = "prefill" if workload == "prefill" else f"decode, batch {workload.removeprefix('decode_b')}"
+        lines.append(
+            f"| {label} | {core:.1f} | {plain:.1f} | {hf:.1f} | {core / plain:.2f}× | {core / hf:.2f}× |"
+        )
+    return [*lines, ""]
+
+
 def write_page(results: dict[str, Any], out: Path) -> None:
     m = results["machine"]
     stream = statistics.median(results["read_stream_gb_s"])
@@ -164,6 +252,7 @@ def write_page(results: dict[str, Any], out: Path) -> None:
             f"{per['core'] / per['vllm']:.2f}× | {per['core'] / stream:.0%} |"
         )
     lines.append("")
+    lines += _runner_lines(results["runner"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
@@ -190,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         **measure(bench_weights(args.plugin), args.rounds),
     }
+    print("[bench-gemm] the runner's eager BF16 decode", file=sys.stderr, flush=True)
+    results["runner"] = runner_decode(args.plugin)
     write_page(results, args.out)
     print(args.out.read_text())
     return 0

@@ -27,6 +27,17 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
         "weight_bytes": 2 * (2 * 3072 * 1024 + 1024 * 2048),
         "read_stream_gb_s": [34.0, 36.0, 30.0],
         "gb_s": gb_s,
+        "runner": {
+            "packed_layers": 33,
+            "repeats": 5,
+            "new_tokens": 33,
+            "prefill_len": 256,
+            "tok_s": {
+                "core": {"prefill": 2400.0, "decode_b1": 100.0, "decode_b8": 600.0},
+                "F.linear": {"prefill": 2000.0, "decode_b1": 50.0, "decode_b8": 400.0},
+                "hf": {"prefill": 1600.0, "decode_b1": 40.0, "decode_b8": 240.0},
+            },
+        },
     }
     out = tmp_path / "page.md"
     write_page(results, out)
@@ -35,4 +46,9 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
     assert "| 1 | 33.0 | 22.0 | 11.0 | 1.50× | 97% |" in page
     assert "| 8 | 30.0 | 24.0 | 6.0 | 1.25× | 88% |" in page
     assert "median 34.0 GB/s" in page and "1024 × 2048, 3072 × 1024" in page and "17 MB together" in page
+    # The runner: 100 / 50 = 2.00, 100 / 40 = 2.50; 600 / 400 = 1.50, 600 / 240 = 2.50; 2400 / 2000 = 1.20.
+    assert "| decode, batch 1 | 100.0 | 50.0 | 40.0 | 2.00× | 2.50× |" in page
+    assert "| decode, batch 8 | 600.0 | 400.0 | 240.0 | 1.50× | 2.50× |" in page
+    assert "| prefill | 2400.0 | 2000.0 | 1600.0 | 1.20× | 1.50× |" in page
+    assert "its 33 linear layers packed" in page and "decode of 32 steps" in page
     assert out.with_suffix(".json").is_file()

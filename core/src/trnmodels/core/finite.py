@@ -23,10 +23,14 @@ def non_finite_weight(model: torch.nn.Module) -> str:
     """`` (checkpoint key K holds NaN or inf)`` for the first parameter of this rank that does, else ``""``.
 
     Run only once a result came out non-finite: weights are not scanned at load (``docs/validation.md``).
+    A weight released after packing (``cpu.packed``) is the NaN it holds by design, and is skipped: its GEMM
+    took it only after it agreed with ``F.linear`` on a probe row, which a NaN or inf would have failed.
     """
+    from .cpu.packed import released
+
     keys = model.checkpoint_keys() if hasattr(model, "checkpoint_keys") else {}
     for name, p in model.named_parameters():
-        if _non_finite_count(p.detach()):
+        if not released(p) and _non_finite_count(p.detach()):
             key = keys.get(name, name)
             return f" ({'checkpoint key' if name in keys else 'parameter'} {key} holds NaN or inf)"
     return ""

@@ -14,7 +14,7 @@ from .driver import (
     graph_key,
     graph_keys,
 )
-from .load import load_compiled_graphs
+from .load import load_compiled_graphs, runner_graphs
 
 __all__ = [
     "ArtifactCache",
@@ -27,4 +27,5 @@ __all__ = [
     "graph_key",
     "graph_keys",
     "load_compiled_graphs",
+    "runner_graphs",
 ]

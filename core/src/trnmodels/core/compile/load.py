@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..cpu.packed import released
+from ..errors import InputError
 from ..runner.graphs import GraphSpec, all_graph_specs
 from .cache import ARTIFACT, ArtifactCache, CorruptArtifactWarning
 from .driver import CompileTarget, graph_keys
@@ -24,7 +26,18 @@ def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _constants(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # The step modules hold the model as ``self.model``: the exported constants carry that prefix.
     named = _named_tensors(model)
+    _check_not_released(named)
     return {f"model.{name}": t for name, t in named.items()}
+
+
+def _check_not_released(named: dict[str, torch.Tensor]) -> None:
+    """A graph reads a weight's own memory, which an eager-only model gives back (``cpu.packed_layers``)."""
+    for name, t in named.items():
+        if released(t):
+            raise InputError(
+                f"{name}: this model's weight was packed for eager runs and released "
+                "(cpu.packed_layers.pack_for_eager); compiled graphs need a model built again"
+            )
 
 
 def load_compiled_module(path: str | Path, module: torch.nn.Module) -> Callable[..., Any]:
@@ -32,6 +45,7 @@ def load_compiled_module(path: str | Path, module: torch.nn.Module) -> Callable[
     copied). Raises if the package cannot load or names a weight ``module`` lacks."""
     loader = torch._inductor.aoti_load_package(str(path))
     named = _named_tensors(module)
+    _check_not_released(named)
     wanted = set(loader.get_constant_fqns())
     loader.load_constants(
         {k: v for k, v in named.items() if k in wanted}, check_full_update=True, user_managed=True
@@ -67,4 +81,19 @@ def load_compiled_graphs(
             )
             continue
         graphs[spec] = loader
+    return graphs
+
+
+def runner_graphs(
+    target: CompileTarget, model: torch.nn.Module, cache_dir: str | None = None, *, eager: bool = False
+) -> dict[GraphSpec, Callable[..., torch.Tensor]]:
+    """The graphs a runner of ``model`` takes: those cached for ``target`` (``load_compiled_graphs``), or
+    with ``eager`` none. With none (``eager``, or nothing compiled yet) ``model``'s BF16 linear layers are
+    packed for core's BF16 GEMM instead (``cpu.packed_layers.pack_for_eager``: no graph reads their
+    released weights); with some, every step that has no graph runs ``F.linear`` on the weights they read."""
+    graphs = {} if eager else load_compiled_graphs(target, model, cache_dir)
+    if not graphs:
+        from ..cpu.packed_layers import pack_for_eager
+
+        pack_for_eager(model)
     return graphs

@@ -3,10 +3,11 @@ then one C++ kernel (``csrc/bf16_gemm.cpp``) for every row count, FP32 sums roun
 
 Why our own: at decode sizes a BF16 linear layer only streams its weight, so it should read at the
 memory's speed. oneDNN's packed matmul (vLLM's CPU GEMM on a CPU without AMX) does not: on the llama3
-bench config's weights it read 17-20 GB/s at one to eight rows against a 31 GB/s read stream, ``F.linear``
-10-11. The panel layout makes every panel one sequential stream and needs no horizontal sums: 22-26 GB/s
-there, 1.24-1.44x oneDNN's, 1.15x at 16 rows; from 32 rows both are bound by ``VDPBF16PS`` arithmetic
-and run as fast (0.94-1.01x; ``docs/benchmarks/bf16-gemm.md``, ``nox -s bench-gemm``).
+bench config's weights it read 17-21 GB/s at one to eight rows in two runs (read streams of 31 and
+56 GB/s), ``F.linear`` 9-11. The panel layout makes every panel one sequential stream and needs no
+horizontal sums: 22-38 GB/s there, 1.24-1.93x oneDNN's, 1.1x at 16 rows; from 32 rows both are bound
+by ``VDPBF16PS`` arithmetic and run as fast (0.94-1.07x; ``docs/benchmarks/bf16-gemm.md``,
+``nox -s bench-gemm``). Used by the vLLM bridge and by the runner's eager models (``cpu.packed_layers``).
 
 The kernel is compiled with the host's C++ compiler the first time a process needs it (about 15 s here,
 with ``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``

@@ -49,3 +49,8 @@ def packed_gemm(weight: torch.Tensor) -> PackedGemm | None:
     """The GEMM packed for ``weight``, if any (a view of a packed weight at the same address is not it)."""
     entry = _packed.get(weight.data_ptr()) if _packed else None
     return entry[1] if entry is not None and entry[0] == weight.shape else None
+
+
+def released(weight: torch.Tensor) -> bool:
+    """Whether ``weight``'s own memory was given back when it was packed (its data is one broadcast NaN)."""
+    return packed_gemm(weight) is not None and weight.numel() > 1 and not any(weight.stride())

@@ -135,13 +135,13 @@ class RankWorker:
         from transformers import AutoTokenizer
 
         from ..causal_lm import build_model
-        from ..compile import CompileTarget, load_compiled_graphs
+        from ..compile import CompileTarget, runner_graphs
 
         layout = get_parallel_layout()
         target = CompileTarget(spec.checkpoint_dir, spec.runner, tp=layout.tp, dtype=spec.dtype, ep=layout.ep)
         self.spec = spec
         self.model = build_model(spec.checkpoint_dir, target.neuron_config(), progress=rank == 0)
-        self.graphs = {} if spec.eager else load_compiled_graphs(target, self.model, spec.cache_dir)
+        self.graphs = runner_graphs(target, self.model, spec.cache_dir, eager=spec.eager)
         tokenizer = AutoTokenizer.from_pretrained(spec.checkpoint_dir, local_files_only=True)
         self.runner = StopStringRunner(
             self.model,

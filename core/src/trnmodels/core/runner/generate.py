@@ -77,12 +77,12 @@ def _eos_token_ids(checkpoint_dir: str) -> list[int]:
 
 def _generate_on_rank(rank: int, world_size: int, job: GenerateJob) -> dict[str, Any]:
     from ..causal_lm import build_model
-    from ..compile import CompileTarget, load_compiled_graphs
+    from ..compile import CompileTarget, runner_graphs
 
     layout = get_parallel_layout()
     target = CompileTarget(job.checkpoint_dir, job.runner, tp=layout.tp, dtype=job.dtype, ep=layout.ep)
     model = build_model(job.checkpoint_dir, target.neuron_config(), progress=rank == 0)
-    graphs = {} if job.eager else load_compiled_graphs(target, model, job.cache_dir)
+    graphs = runner_graphs(target, model, job.cache_dir, eager=job.eager)
     runner = Runner(
         model, job.runner, rank=rank, eos_token_id=_eos_token_ids(job.checkpoint_dir), graphs=graphs
     )

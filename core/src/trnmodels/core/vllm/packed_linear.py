@@ -5,12 +5,13 @@ packed GEMM on a CPU with AMX, else a oneDNN matmul primitive built for the weig
 into oneDNN's layout, else ``F.linear``. Core's ``linear`` op calls ``F.linear``, which hands oneDNN the
 weight as stored on every call: on this machine's AVX512-BF16 CPU, 2-3x slower at decode sizes (one to
 eight rows; 1.05-1.35x at 128). So after loading, the bridge packs each BF16 linear weight for a GEMM and
-registers it with core (``cpu.packed``), where the linear op runs it, in the layers' own calls and in the
-fused ops' (``ops.gated_mlp``): core's BF16 GEMM (``cpu.bf16_gemm``) on a CPU with AVX512-BF16, which
-reads a weight 1.2-1.4x faster than vLLM's oneDNN GEMM at 1 to 8 rows and as fast from 32 rows up
-(0.94-1.01x, where both are bound by arithmetic), else (or with ``TRNMODELS_BF16_GEMM=vllm``) vLLM's own choice. Weights only the linear layers read are released, as
-vLLM releases its own (the GEMM holds the packed copy); the LM head's, which a tied embedding reads too,
-is kept, as vLLM keeps its own.
+registers it with core (``cpu.packed_layers``, as the runner does for its eager models), where the
+linear op runs it, in the layers' own calls and in the fused ops' (``ops.gated_mlp``): core's BF16 GEMM
+(``cpu.bf16_gemm``) on a CPU with AVX512-BF16, which reads a weight 1.2-1.9x faster than vLLM's oneDNN
+GEMM at 1 to 8 rows and as fast from 32 rows up (0.94-1.07x, where both are bound by arithmetic), else
+(or with ``TRNMODELS_BF16_GEMM=vllm``) vLLM's own choice. Weights only the linear layers read are
+released, as vLLM releases its own (the GEMM holds the packed copy); the LM head's, which a tied
+embedding reads too, is kept, as vLLM keeps its own.
 """
 
 from __future__ import annotations
@@ -19,26 +20,28 @@ import os
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..cpu import bf16_gemm
-from ..cpu.packed import PackedGemm, pack
+from ..cpu.packed import PackedGemm
+from ..cpu.packed_layers import GemmMaker, checked, core_gemm, why_not_packed
+from ..cpu.packed_layers import pack_linear_layers as pack_with
 from ..errors import ConfigError
-from ..ops.dispatch import cpu_kernel_enabled
-from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
+
+__all__ = [
+    "GEMMS",
+    "GEMM_ENV_VAR",
+    "chosen_gemm",
+    "core_gemm",
+    "gemm_setting",
+    "pack_linear_layers",
+    "vllm_gemm",
+    "why_not_core_gemm",
+    "why_not_packed",
+]
 
 GEMM_ENV_VAR = "TRNMODELS_BF16_GEMM"
 GEMMS = ("core", "vllm")
-
-
-def why_not_packed(weight: torch.Tensor) -> str | None:
-    """Why no packed GEMM takes ``weight``; None when one does."""
-    if not cpu_kernel_enabled("linear"):
-        return "the linear CPU kernel is turned off (TRNMODELS_KERNEL_BACKEND / TRNMODELS_CPU_KERNELS)"
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.dim() != 2:
-        return f"weights are {weight.dtype} on {weight.device}, not 2-D bfloat16 on the CPU"
-    return None
 
 
 def chosen_gemm() -> str:
@@ -62,13 +65,6 @@ def gemm_setting() -> str:
     return choice
 
 
-def core_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
-    """Core's BF16 GEMM for ``weight`` (``x -> x @ weight.T``), holding its own packed copy, or None and why
-    not (it disagrees with ``F.linear`` on a probe row)."""
-    packed, n = bf16_gemm.pack(weight), weight.shape[0]
-    return _checked(lambda x: bf16_gemm.gemm(x, packed, n), weight, "core's BF16 GEMM", "failed on it")
-
-
 def vllm_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
     """vLLM's CPU GEMM for ``weight`` as its own linear layers choose it (``x -> x @ weight.T``), or
     None and why not: vLLM falls back to ``F.linear``, or its GEMM disagrees with ``F.linear`` on a
@@ -81,59 +77,18 @@ def vllm_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
     run = layer.cpu_linear
     # A packed GEMM holds its own copy and ignores the weight argument; F.linear needs it.
-    return _checked(lambda x: run(x, None, None), weight, "vLLM's GEMM", "fell back to F.linear for it")
-
-
-def _checked(
-    gemm: PackedGemm, weight: torch.Tensor, name: str, failed: str
-) -> tuple[PackedGemm | None, str | None]:
-    """``gemm`` if it agrees with ``F.linear`` on a probe row (checked once per weight, at load)."""
-    probe = torch.randn(1, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
-    try:
-        got = gemm(probe)
-    except (TypeError, RuntimeError):
-        return None, f"{name} {failed}"
-    expected = F.linear(probe.float(), weight.float())
-    # BF16 output rounding (2**-8 relative), with room for FP32 sums in another order.
-    error = float((got.float() - expected).abs().max())
-    bound = 2**-7 * float(expected.abs().max())
-    if got.shape != expected.shape or not error <= bound:
-        return None, f"{name} is {error:.3g} from F.linear on a probe row (bound {bound:.3g})"
-    return gemm, None
+    return checked(lambda x: run(x, None, None), weight, "vLLM's GEMM", "fell back to F.linear for it")
 
 
 def pack_linear_layers(model: nn.Module) -> tuple[int, list[str]]:
-    """Register a packed GEMM (``chosen_gemm``) for every linear layer's weight in ``model``; returns how
-    many were packed and why the others were not."""
+    """Register a packed GEMM (``chosen_gemm``) for every BF16 linear layer's weight in ``model``
+    (``cpu.packed_layers``); returns how many were packed and why the others were not."""
     gemm_setting()  # a bad setting is refused even where no weight is BF16
-    shared = _shared_parameters(model)
-    gemm_for = None  # chosen at the first weight that can be packed (core's may have to be built first)
-    packed, reasons = 0, []
-    for path, module in model.named_modules():
-        if not isinstance(module, (*LINEAR_LAYERS, ParallelLMHead)):
-            continue
-        reason = why_not_packed(module.weight)
-        if reason is not None:
-            reasons.append(f"{path}: {reason}")
-            continue
-        weight = module.weight
-        gemm_for = gemm_for or (core_gemm if chosen_gemm() == "core" else vllm_gemm)
-        gemm, reason = gemm_for(weight.detach())
-        if gemm is None:
-            reasons.append(f"{path}: {reason}")
-            continue
-        keep = isinstance(module, ParallelLMHead) or id(weight) in shared
-        # vLLM traces its GEMMs in its own compiled classes, and core's is a torch op: so may vLLM's compile
-        # of the bridge.
-        pack(weight, gemm, release=not keep, traceable=True)
-        packed += 1
-    return packed, reasons
+    chosen: list[GemmMaker] = []  # at the first weight that can be packed (core's may be built first)
 
+    def gemm_for(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
+        if not chosen:
+            chosen.append(core_gemm if chosen_gemm() == "core" else vllm_gemm)
+        return chosen[0](weight)
 
-def _shared_parameters(model: nn.Module) -> set[int]:
-    """The parameters held under more than one name (a tied LM head and embedding)."""
-    seen: set[int] = set()
-    shared: set[int] = set()
-    for _, p in model.named_parameters(remove_duplicate=False):
-        (shared if id(p) in seen else seen).add(id(p))
-    return shared
+    return pack_with(model, gemm_for)

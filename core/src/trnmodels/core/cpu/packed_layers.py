@@ -1,0 +1,120 @@
+"""A model's BF16 linear layers packed for a CPU GEMM (``cpu.packed``), core's BF16 GEMM by default.
+
+A linear layer's BF16 weight as stored is slow to multiply at decode sizes: ``F.linear`` hands oneDNN the
+plain weight on every call, and read the llama3 bench config's weights at 9-11 GB/s at one to eight rows,
+where core's BF16 GEMM (``cpu.bf16_gemm``) on its packed copy read 22-38 (``docs/benchmarks/bf16-gemm.md``;
+the runner's eager BF16 decode of that model ran 1.56x faster at batch 1 and 1.93x at batch 8).
+So a model that will only run eagerly has each BF16 linear weight packed once, and the linear op runs the
+packed GEMM for it, in the layers' own calls and in the fused ops' (``ops.gated_mlp``). Used by the
+runner's eager models (``runner_graphs``) and, with vLLM's GEMM as the other choice, by the vLLM bridge.
+
+Weights only the linear layers read are released (the GEMM holds the packed copy), so memory does not
+grow; the LM head's, which a tied embedding reads too, is kept. A released weight cannot be bound to a
+compiled graph, which reads the plain weight: so only models that no graph will bind are packed, and
+``compile.load_compiled_graphs`` refuses a model whose weights were.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.dispatch import cpu_kernel_enabled
+from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
+from . import bf16_gemm
+from .packed import PackedGemm, pack
+
+logger = logging.getLogger(__name__)
+
+# A weight -> its packed GEMM, or None and why not.
+GemmMaker = Callable[[torch.Tensor], tuple[PackedGemm | None, str | None]]
+
+
+def why_not_packed(weight: torch.Tensor) -> str | None:
+    """Why no packed GEMM takes ``weight``; None when one does."""
+    if not cpu_kernel_enabled("linear"):
+        return "the linear CPU kernel is turned off (TRNMODELS_KERNEL_BACKEND / TRNMODELS_CPU_KERNELS)"
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        return f"weights are {weight.dtype} on {weight.device}, not 2-D bfloat16 on the CPU"
+    return None
+
+
+def core_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
+    """Core's BF16 GEMM for ``weight`` (``x -> x @ weight.T``), holding its own packed copy, or None and why
+    not (it cannot run here, or disagrees with ``F.linear`` on a probe row)."""
+    reason = bf16_gemm.why_unavailable()
+    if reason is not None:
+        return None, f"core's BF16 GEMM cannot run: {reason}"
+    packed, n = bf16_gemm.pack(weight), weight.shape[0]
+    return checked(lambda x: bf16_gemm.gemm(x, packed, n), weight, "core's BF16 GEMM", "failed on it")
+
+
+def checked(
+    gemm: PackedGemm, weight: torch.Tensor, name: str, failed: str
+) -> tuple[PackedGemm | None, str | None]:
+    """``gemm`` if it agrees with ``F.linear`` on a probe row (checked once per weight, at load), else
+    None and why not (``failed`` says how, when ``gemm`` raises)."""
+    probe = torch.randn(1, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    try:
+        got = gemm(probe)
+    except (TypeError, RuntimeError):
+        return None, f"{name} {failed}"
+    expected = F.linear(probe.float(), weight.float())
+    # BF16 output rounding (2**-8 relative), with room for FP32 sums in another order.
+    error = float((got.float() - expected).abs().max())
+    bound = 2**-7 * float(expected.abs().max())
+    if got.shape != expected.shape or not error <= bound:
+        return None, f"{name} is {error:.3g} from F.linear on a probe row (bound {bound:.3g})"
+    return gemm, None
+
+
+def pack_linear_layers(model: nn.Module, gemm_for: GemmMaker = core_gemm) -> tuple[int, list[str]]:
+    """Register the GEMM ``gemm_for`` makes for every BF16 linear layer's weight in ``model`` (core's BF16
+    GEMM by default) and release the weights only those layers read; returns how many were packed and
+    why the others were not. No compiled graph may be bound to ``model`` (see the module's notes)."""
+    shared = shared_parameters(model)
+    packed, reasons = 0, []
+    for path, module in model.named_modules():
+        if not isinstance(module, (*LINEAR_LAYERS, ParallelLMHead)):
+            continue
+        weight = module.weight
+        reason = why_not_packed(weight)
+        if reason is None:
+            gemm, reason = gemm_for(weight.detach())
+        if reason is not None:
+            reasons.append(f"{path}: {reason}")
+            continue
+        keep = isinstance(module, ParallelLMHead) or id(weight) in shared
+        # vLLM traces its GEMMs in its own compiled classes, and core's is a torch op: so may a compile
+        # of the model.
+        pack(weight, gemm, release=not keep, traceable=True)
+        packed += 1
+    return packed, reasons
+
+
+def shared_parameters(model: nn.Module) -> set[int]:
+    """The parameters held under more than one name (a tied LM head and embedding)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for _, p in model.named_parameters(remove_duplicate=False):
+        (shared if id(p) in seen else seen).add(id(p))
+    return shared
+
+
+def pack_for_eager(model: nn.Module) -> int:
+    """Pack ``model``'s BF16 linear layers for core's BF16 GEMM (``pack_linear_layers``), for a model that
+    only runs eagerly; logs how many, or why none was when it has BF16 linear weights. Returns how many."""
+    packed, reasons = pack_linear_layers(model)
+    if packed:
+        logger.info("trnmodels: %d linear layers run core's BF16 GEMM", packed)
+    elif any(m.weight.dtype == torch.bfloat16 for m in _linear_modules(model)):
+        logger.info("trnmodels: the linear layers run F.linear, not core's BF16 GEMM (%s)", reasons[0])
+    return packed
+
+
+def _linear_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (*LINEAR_LAYERS, ParallelLMHead))]
