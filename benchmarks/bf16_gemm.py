@@ -25,7 +25,6 @@ Needs vLLM (the ``bench-gemm`` session installs it) and a CPU with AVX512-BF16.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .pages import save_page
 
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
 ROUNDS = 9
@@ -253,9 +254,7 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         )
     lines.append("")
     lines += _runner_lines(results["runner"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    save_page(out, lines, results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,6 @@ that one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -37,6 +36,7 @@ from typing import Any
 from trnmodels.core.vllm.registration import DISABLE_ENV
 
 from .machine import wait_until_quiet
+from .pages import save_page
 from .vllm_server import VllmServer
 
 
@@ -452,9 +452,7 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "arithmetic. This run does not attribute the remaining gaps between those.",
         "",
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    save_page(out, lines, results)
 
 
 def main(argv: list[str] | None = None) -> int:
