@@ -74,7 +74,8 @@ def bench_weights(plugin_name: str) -> list[torch.Tensor]:
 def gemms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
     """Each GEMM compared, one callable ``x -> x @ w.T`` per weight."""
     from trnmodels.core.cpu import bf16_gemm
-    from trnmodels.core.vllm.packed_linear import core_gemm, vllm_gemm
+    from trnmodels.core.cpu.packed_layers import core_gemm
+    from trnmodels.core.vllm.packed_linear import vllm_gemm
 
     reason = bf16_gemm.why_unavailable()
     if reason is not None:

@@ -78,9 +78,7 @@ def pack_linear_layers(model: nn.Module, gemm_for: GemmMaker = core_gemm) -> tup
     why the others were not. No compiled graph may be bound to ``model`` (see the module's notes)."""
     shared = shared_parameters(model)
     packed, reasons = 0, []
-    for path, module in model.named_modules():
-        if not isinstance(module, (*LINEAR_LAYERS, ParallelLMHead)):
-            continue
+    for path, module in _linear_modules(model):
         weight = module.weight
         reason = why_not_packed(weight)
         if reason is None:
@@ -111,10 +109,11 @@ def pack_for_eager(model: nn.Module) -> int:
     packed, reasons = pack_linear_layers(model)
     if packed:
         logger.info("trnmodels: %d linear layers run core's BF16 GEMM", packed)
-    elif any(m.weight.dtype == torch.bfloat16 for m in _linear_modules(model)):
+    elif any(m.weight.dtype == torch.bfloat16 for _, m in _linear_modules(model)):
         logger.info("trnmodels: the linear layers run F.linear, not core's BF16 GEMM (%s)", reasons[0])
     return packed
 
 
-def _linear_modules(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if isinstance(m, (*LINEAR_LAYERS, ParallelLMHead))]
+def _linear_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``model``'s linear layers and LM head, by path."""
+    return [(p, m) for p, m in model.named_modules() if isinstance(m, (*LINEAR_LAYERS, ParallelLMHead))]

@@ -24,21 +24,9 @@ from torch import nn
 
 from ..cpu import bf16_gemm
 from ..cpu.packed import PackedGemm
-from ..cpu.packed_layers import GemmMaker, checked, core_gemm, why_not_packed
+from ..cpu.packed_layers import checked, core_gemm
 from ..cpu.packed_layers import pack_linear_layers as pack_with
 from ..errors import ConfigError
-
-__all__ = [
-    "GEMMS",
-    "GEMM_ENV_VAR",
-    "chosen_gemm",
-    "core_gemm",
-    "gemm_setting",
-    "pack_linear_layers",
-    "vllm_gemm",
-    "why_not_core_gemm",
-    "why_not_packed",
-]
 
 GEMM_ENV_VAR = "TRNMODELS_BF16_GEMM"
 GEMMS = ("core", "vllm")
@@ -84,11 +72,9 @@ def pack_linear_layers(model: nn.Module) -> tuple[int, list[str]]:
     """Register a packed GEMM (``chosen_gemm``) for every BF16 linear layer's weight in ``model``
     (``cpu.packed_layers``); returns how many were packed and why the others were not."""
     gemm_setting()  # a bad setting is refused even where no weight is BF16
-    chosen: list[GemmMaker] = []  # at the first weight that can be packed (core's may be built first)
 
     def gemm_for(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
-        if not chosen:
-            chosen.append(core_gemm if chosen_gemm() == "core" else vllm_gemm)
-        return chosen[0](weight)
+        # Asked at a weight that can be packed, so core's kernel is built only for BF16 weights.
+        return (core_gemm if chosen_gemm() == "core" else vllm_gemm)(weight)
 
     return pack_with(model, gemm_for)
