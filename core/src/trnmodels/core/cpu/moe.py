@@ -125,9 +125,9 @@ def experts_ffn(
     groups = ExpertGroups.from_experts(experts, combine.shape[1])
     h = grouped_matmul(x.index_select(0, tokens), gate_up, groups, gate_up_bias)
     out = grouped_matmul(expert_activation(h, act, alpha, limit), down, groups, down_bias)
-    # Summed in FP32 and rounded once, as the reference's sum over experts rounds once.
+    # Weighted and summed in FP32, rounded once, as the reference does.
     total = torch.zeros(x.shape, dtype=torch.float32)
-    total.index_add_(0, tokens, (out * combine[tokens, experts, None].to(out.dtype)).float())
+    total.index_add_(0, tokens, out.float() * combine[tokens, experts, None].float())
     return total.to(x.dtype)
 
 

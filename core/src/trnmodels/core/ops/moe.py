@@ -97,4 +97,6 @@ def experts_ffn(
     out = torch.bmm(expert_activation(h, act, alpha, limit), down)
     if down_bias is not None:
         out = out + down_bias[:, None, :]
-    return (out * combine.t().to(out.dtype)[..., None]).sum(0)
+    # Each routing weight multiplies in FP32, and the sum over experts rounds once: rounding the weight and
+    # each weighted output to BF16 first made the expert block's error 12% larger than transformers'.
+    return (out.float() * combine.t().float()[..., None]).sum(0).to(out.dtype)
