@@ -14,7 +14,15 @@ import pytest
 import torch
 import transformers
 
-from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
+from trnmodels.core.accuracy.logits import hf_logits
+from trnmodels.core.testing.published import (
+    FP32_ATOL,
+    as_hf_config,
+    cli_logits_max_error,
+    logits_case,
+    published_config,
+    shrink,
+)
 from trnmodels.core.testing.published import (
     test_published_config_logits_match_hf as test_published_config_logits_match_hf,
 )
@@ -99,3 +107,18 @@ def case(request, tmp_path_factory):
     # Text only: no pad/eos/bos ids (0-2), no multimodal placeholders.
     text_ids = [t for t in range(3, VOCAB) if t not in SPECIAL_IDS.values()]
     return logits_case(name, root / "ckpt", config, load_reference, text_ids, LENGTH, PREFILL)
+
+
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_multimodal_placeholders_embed_as_the_pad_token(case, tp, tmp_path):
+    """Text holding the image, audio and video placeholders (a prompt can; a random model generates them),
+    in the prefill and in decode steps: embedded as transformers embeds them without tower features, as
+    the pad token."""
+    ids = list(case.token_ids)
+    placeholders = [SPECIAL_IDS[n] for n in ("image_token_id", "audio_token_id", "video_token_id")]
+    for position, token_id in zip((1, PREFILL + 1, LENGTH - 2), placeholders, strict=True):
+        ids[position] = token_id
+    with torch.no_grad():
+        expected = hf_logits(load_reference(case.checkpoint).eval(), ids)
+    err = cli_logits_max_error(case.checkpoint, ids, PREFILL, tp, expected, tmp_path / "logits.safetensors")
+    assert err <= FP32_ATOL, f"{case.name} tp={tp}: max abs error {err:.3g}"

@@ -57,6 +57,10 @@ class Gemma4Config:
     # "model.language_model." (Gemma4ForConditionalGeneration) or "model." (Gemma4ForCausalLM).
     checkpoint_prefix: str
     multimodal: bool
+    # The image, video and audio placeholder ids a multimodal checkpoint's text may hold, and the id each
+    # is embedded as without its tower's features (the pad token's, as transformers does).
+    placeholder_token_ids: tuple[int, ...]
+    pad_token_id: int | None
     tp_degree: int
     ep_degree: int
     dtype: torch.dtype
@@ -102,6 +106,10 @@ class Gemma4Config:
         if text.enable_moe_block:
             moe = MoEConfig(text.num_experts, text.top_k_experts, text.moe_intermediate_size)
         ple = text.hidden_size_per_layer_input or 0
+        placeholders = ()
+        if multimodal:
+            names = ("image_token_id", "video_token_id", "audio_token_id")
+            placeholders = tuple(i for i in (getattr(hf_config, n, None) for n in names) if i is not None)
         return cls(
             vocab_size=text.vocab_size,
             hidden_size=text.hidden_size,
@@ -117,6 +125,8 @@ class Gemma4Config:
             moe=moe,
             checkpoint_prefix="model.language_model." if multimodal else "model.",
             multimodal=multimodal,
+            placeholder_token_ids=placeholders,
+            pad_token_id=text.pad_token_id,
             tp_degree=neuron_config.tp_degree,
             ep_degree=neuron_config.ep_degree,
             dtype=neuron_config.dtype,

@@ -80,6 +80,12 @@ def validate(hf_config: PretrainedConfig, neuron_config: NeuronConfig) -> Gemma4
                 f"{where}rope_parameters.{layer_type}: partial_rotary_factor={rope.partial_rotary_factor} "
                 "with rope_type 'default' is not supported (the reference rotates the whole head there)"
             )
+    pad = cfg.pad_token_id
+    if cfg.placeholder_token_ids and pad is not None and not 0 <= pad < cfg.vocab_size:
+        raise ConfigError(
+            f"{where}pad_token_id: the multimodal placeholders {list(cfg.placeholder_token_ids)} are embedded "
+            f"as the pad token, expected an id in [0, {cfg.vocab_size}), got {pad}"
+        )
     for i, layer in enumerate(cfg.layers):
         if layer.kv_source == -1:
             raise ConfigError(

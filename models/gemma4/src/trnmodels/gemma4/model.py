@@ -11,7 +11,9 @@ What differs from Llama (see docs/models/gemma4.md):
 - per-layer embeddings (PLE): a second, packed embedding plus a projection of the first feed each layer;
 - KV sharing: the last ``num_kv_shared_layers`` layers own no cache and read the cache of the last
   earlier layer of their type (``PagedAttention(kv_sharing_target_layer_name=...)``);
-- MoE (26B-A4B): a dense MLP and a routed expert block run side by side on the same residual.
+- MoE (26B-A4B): a dense MLP and a routed expert block run side by side on the same residual;
+- a multimodal checkpoint's image, video and audio placeholder ids, served as text, embed as the pad token
+  (in PLE too), as transformers does when no tower features come with them.
 """
 
 from __future__ import annotations
@@ -235,14 +237,25 @@ class Gemma4ForCausalLM(PagedCausalLM):
         self.per_layer = PerLayerEmbeddings(cfg) if cfg.hidden_size_per_layer_input else None
         self.rotary = nn.ModuleDict({t: RotaryEmbedding(rope) for t, rope in cfg.rope.items()})
 
+    def text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` with each multimodal placeholder (no tower features come here) replaced by the pad
+        token; unchanged for a text-only checkpoint, or one without a pad token."""
+        ids, pad = self.config.placeholder_token_ids, self.config.pad_token_id
+        if not ids or pad is None:
+            return input_ids
+        mask = input_ids == ids[0]
+        for i in ids[1:]:
+            mask = mask | (input_ids == i)
+        return input_ids.masked_fill(mask, pad)
+
     def embed(self, input_ids: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-        return super().embed(input_ids, rank) * self.embed_scale
+        return super().embed(self.text_ids(input_ids), rank) * self.embed_scale
 
     def layer_inputs(self, step: DecoderStep, x: torch.Tensor) -> list[tuple[CosSin, torch.Tensor | None]]:
         """Each layer's RoPE table (by its layer type) and its slice of the per-layer embeddings."""
-        per_layer = (
-            self.per_layer(step.input_ids, x, self.tp_rank(step.rank)) if self.per_layer is not None else None
-        )
+        per_layer = None
+        if self.per_layer is not None:
+            per_layer = self.per_layer(self.text_ids(step.input_ids), x, self.tp_rank(step.rank))
         rope = {t: rotary(step.positions, x.dtype) for t, rotary in self.rotary.items()}
         return [
             (rope[layer.layer_type], per_layer[:, i] if per_layer is not None else None)
