@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from trnmodels.core.cli import main
 from trnmodels.core.testing.published import as_hf_config, logits_case, published_config, shrink
 from trnmodels.core.testing.published import (
     test_published_config_logits_match_hf as test_published_config_logits_match_hf,
@@ -76,3 +77,14 @@ def case(request, tmp_path_factory):
     model.save_pretrained(root / "bf16")
     ckpt = quantize_like_published(root / "bf16", root / "mxfp4")
     return logits_case(name, ckpt, config, load_reference, range(VOCAB), LENGTH, PREFILL)
+
+
+def test_validate_passes_on_the_mxfp4_checkpoint(case, capsys):
+    """``trnmodels validate`` with no optional flag on the checkpoint as published: transformers' reference
+    loads its MXFP4 experts dequantized (before, it kept them in BF16 beside FP32 layers and the run
+    stopped with a dtype error inside transformers)."""
+    ids = ",".join(map(str, case.token_ids[:PREFILL]))
+    code = main(["validate", str(case.checkpoint), "--token-ids", ids])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "RESULT: PASS" in out

@@ -240,6 +240,26 @@ def hf_class_of(checkpoint_dir: str | Path) -> type:
     return getattr(transformers, hf_config.architectures[0])
 
 
+def load_hf_reference(cls: type, checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
+    """transformers' model of the checkpoint in ``dtype``, with eager attention and experts: the readable
+    reference, which every architecture implements (and grouped_mm refuses some shapes on CPU).
+
+    An MXFP4 checkpoint (gpt-oss as published) is dequantized: without that, transformers on a CPU keeps
+    its experts in BF16 beside FP32 layers and refuses to multiply them. Every MXFP4 value is a BF16
+    value, so the cast to ``dtype`` is exact."""
+    import transformers
+
+    from ..causal_lm import resolve_checkpoint
+
+    kwargs: dict[str, Any] = {"attn_implementation": "eager", "experts_implementation": "eager"}
+    _, hf_config = resolve_checkpoint(checkpoint_dir)
+    quant = getattr(hf_config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if method == "mxfp4":
+        kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    return cls.from_pretrained(checkpoint_dir, dtype=dtype, **kwargs).to(dtype).eval()
+
+
 def _as_hf_layers(ours: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     """Our cache under HF's layer names (ours are module paths, HF's indices; both in model order), cut to
     the positions HF keeps: its sliding-window layers hold only the last window, ours every position."""
@@ -297,15 +317,12 @@ def validate_checkpoint(
     """Run the levels. ``prefill_len`` defaults to the prompt; the continuation runs as decode steps.
     ``modules`` runs L3 (and so the bisection), ``tasks`` runs L1 (``task_limit`` documents per task)."""
     cls = hf_model_class or hf_class_of(checkpoint_dir)
-    # Eager attention and experts: the readable reference, which every architecture implements (and
-    # grouped_mm refuses some shapes on CPU).
-    eager = {"attn_implementation": "eager", "experts_implementation": "eager"}
-    hf32 = cls.from_pretrained(checkpoint_dir, dtype=torch.float32, **eager).eval()
+    hf32 = load_hf_reference(cls, checkpoint_dir, torch.float32)
     token_ids = greedy_teacher_sequence(hf32, list(prompt_ids), num_new_tokens)
     prefill_len = prefill_len or len(prompt_ids)
     expected = hf_logits(hf32, token_ids)
     hf_kv = hf_kv_cache(hf32, token_ids) if tp == 1 else None
-    hf16 = cls.from_pretrained(checkpoint_dir, dtype=torch.bfloat16, **eager).eval()
+    hf16 = load_hf_reference(cls, checkpoint_dir, torch.bfloat16)
     baseline, baseline_run = bf16_yardstick(hf16, token_ids, prefill_len, expected)
     module_errors = module_report(checkpoint_dir, token_ids, hf32, hf16, model_hook) if modules else None
     del hf16, hf32
