@@ -46,8 +46,9 @@ PASSES = {1: 5, 2: 5, 4: 5, 8: 5, 16: 3, 32: 2, 128: 1, 512: 1}  # passes over a
 RUNNER_REPEATS = 5  # timed repetitions per runner figure (median)
 RUNNER_NEW_TOKENS = 33  # per decode measurement: 1 from the prefill, then 32 decode steps
 RUNNER_SYSTEMS = {
-    "core": "ours, core's BF16 GEMM",
-    "F.linear": "ours, `F.linear`",
+    "compiled": "ours compiled, core's BF16 GEMM",
+    "core": "ours eager, core's BF16 GEMM",
+    "F.linear": "ours eager, `F.linear`",
     "hf": "transformers",
 }
 
@@ -130,14 +131,17 @@ def measure(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, Any]
 
 
 def runner_decode(plugin_name: str, repeats: int = RUNNER_REPEATS) -> dict[str, Any]:
-    """Tokens/s of the runner's eager BF16 model, packed for core's GEMM and not, and of transformers'
-    BF16 model, on the same random checkpoint: a prefill, and decode at batch 1 and the runner's most."""
+    """Tokens/s of the runner's BF16 model with its compiled graphs, and eager, packed for core's GEMM and
+    not, and of transformers' BF16 model, on the same random checkpoint: a prefill, and decode at batch 1
+    and the runner's most."""
     from transformers import AutoModelForCausalLM
 
     from trnmodels.core.causal_lm import build_model
+    from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
     from trnmodels.core.cpu.packed_layers import pack_for_eager
     from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
     from trnmodels.core.runner.engine import Runner
+    from trnmodels.core.runner.graphs import all_graph_specs
     from trnmodels.core.runtime_config import NeuronConfig
 
     from .llm import measure
@@ -145,9 +149,16 @@ def runner_decode(plugin_name: str, repeats: int = RUNNER_REPEATS) -> dict[str, 
     runner = measure.BENCH_RUNNER
     with tempfile.TemporaryDirectory(prefix="trnmodels-bench-gemm-") as tmp:
         checkpoint = measure.make_checkpoint(plugin_name, tmp)
+        target = CompileTarget(tmp, runner, dtype="bfloat16")
+        cache = str(Path(tmp) / "compile-cache")
+        compile_all(target, cache)
         init_parallel_state(1)
         try:
             config = NeuronConfig(dtype=torch.bfloat16)
+            compiled_model = build_model(tmp, target.neuron_config(), progress=False)
+            graphs = load_compiled_graphs(target, compiled_model, cache)
+            if len(graphs) != len(all_graph_specs(runner)):
+                raise SystemExit("the bench model's compiled BF16 graphs did not all load")
             packed_model = build_model(tmp, config, progress=False)
             packed = pack_for_eager(packed_model)
             if not packed:
@@ -155,6 +166,7 @@ def runner_decode(plugin_name: str, repeats: int = RUNNER_REPEATS) -> dict[str, 
             plain_model = build_model(tmp, config, progress=False)
             hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16).eval()
             systems = {
+                "compiled": measure.runner_generate(Runner(compiled_model, runner, graphs=graphs)),
                 "core": measure.runner_generate(Runner(packed_model, runner)),
                 "F.linear": measure.runner_generate(Runner(plain_model, runner)),
                 "hf": measure.hf_generate(hf, checkpoint["pad_token_id"]),
@@ -183,24 +195,28 @@ def _runner_lines(r: dict[str, Any]) -> list[str]:
     workloads = list(tok_s["core"])
     header = " | ".join(RUNNER_SYSTEMS[name] for name in RUNNER_SYSTEMS)
     lines = [
-        "## In the runner: eager BF16 decode",
+        "## In the runner: BF16 decode, compiled and eager",
         "",
-        "The runner's eager model in BF16 (`trnmodels generate --eager --dtype bfloat16`) on the bench "
-        f"model with random weights: its {r['packed_layers']} linear layers packed for core's BF16 GEMM "
-        "(`cpu.packed_layers.pack_for_eager`, what the runner does for a model no compiled graph will "
-        "read), the same model not packed (core's linear op then runs `F.linear`), and transformers' own "
-        f"model in BF16 (greedy `generate`). Tokens/s, medians of {r['repeats']} rounds, the three taking "
-        f"turns within a round: a prefill of {r['prefill_len']} tokens, and decode of "
-        f"{r['new_tokens'] - 1} steps after it (the tokens of those steps over their time).",
+        "The runner's model in BF16 on the bench model with random weights: with its compiled graphs "
+        "(`trnmodels compile --dtype bfloat16`, then `trnmodels generate --dtype bfloat16`), which call core's "
+        "BF16 GEMM on each linear layer's packed weight (`cpu.packed_layers.pack_for_graphs`); eager "
+        f"(`--eager`), its {r['packed_layers']} linear layers packed for core's BF16 GEMM "
+        "(`cpu.packed_layers.pack_for_eager`); eager and not packed (core's linear op then runs "
+        "`F.linear`); and transformers' own model in BF16 (greedy `generate`). Tokens/s, medians of "
+        f"{r['repeats']} rounds, the four taking turns within a round: a prefill of {r['prefill_len']} "
+        f"tokens, and decode of {r['new_tokens'] - 1} steps after it (the tokens of those steps over their "
+        "time).",
         "",
-        f"| workload | {header} | core ÷ `F.linear` | core ÷ transformers |",
-        "|---|---|---|---|---|---|",
+        f"| workload | {header} | compiled ÷ transformers | eager, core ÷ `F.linear` | "
+        "eager, core ÷ transformers |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for workload in workloads:
-        core, plain, hf = (tok_s[name][workload] for name in RUNNER_SYSTEMS)
+        compiled, core, plain, hf = (tok_s[name][workload] for name in RUNNER_SYSTEMS)
         label = "prefill" if workload == "prefill" else f"decode, batch {workload.removeprefix('decode_b')}"
         lines.append(
-            f"| {label} | {core:.1f} | {plain:.1f} | {hf:.1f} | {core / plain:.2f}× | {core / hf:.2f}× |"
+            f"| {label} | {compiled:.1f} | {core:.1f} | {plain:.1f} | {hf:.1f} | {compiled / hf:.2f}× | "
+            f"{core / plain:.2f}× | {core / hf:.2f}× |"
         )
     return [*lines, ""]
 

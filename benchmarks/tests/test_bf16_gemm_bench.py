@@ -33,6 +33,7 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
             "new_tokens": 33,
             "prefill_len": 256,
             "tok_s": {
+                "compiled": {"prefill": 2000.0, "decode_b1": 120.0, "decode_b8": 720.0},
                 "core": {"prefill": 2400.0, "decode_b1": 100.0, "decode_b8": 600.0},
                 "F.linear": {"prefill": 2000.0, "decode_b1": 50.0, "decode_b8": 400.0},
                 "hf": {"prefill": 1600.0, "decode_b1": 40.0, "decode_b8": 240.0},
@@ -46,9 +47,11 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
     assert "| 1 | 33.0 | 22.0 | 11.0 | 1.50× | 97% |" in page
     assert "| 8 | 30.0 | 24.0 | 6.0 | 1.25× | 88% |" in page
     assert "median 34.0 GB/s" in page and "1024 × 2048, 3072 × 1024" in page and "17 MB together" in page
-    # The runner: 100 / 50 = 2.00, 100 / 40 = 2.50; 600 / 400 = 1.50, 600 / 240 = 2.50; 2400 / 2000 = 1.20.
-    assert "| decode, batch 1 | 100.0 | 50.0 | 40.0 | 2.00× | 2.50× |" in page
-    assert "| decode, batch 8 | 600.0 | 400.0 | 240.0 | 1.50× | 2.50× |" in page
-    assert "| prefill | 2400.0 | 2000.0 | 1600.0 | 1.20× | 1.50× |" in page
+    # The runner, compiled ÷ transformers, eager core ÷ F.linear and ÷ transformers: 120 / 40 = 3.00,
+    # 100 / 50 = 2.00, 100 / 40 = 2.50; 720 / 240 = 3.00, 600 / 400 = 1.50, 600 / 240 = 2.50;
+    # 2000 / 1600 = 1.25, 2400 / 2000 = 1.20, 2400 / 1600 = 1.50.
+    assert "| decode, batch 1 | 120.0 | 100.0 | 50.0 | 40.0 | 3.00× | 2.00× | 2.50× |" in page
+    assert "| decode, batch 8 | 720.0 | 600.0 | 400.0 | 240.0 | 3.00× | 1.50× | 2.50× |" in page
+    assert "| prefill | 2000.0 | 2400.0 | 2000.0 | 1600.0 | 1.25× | 1.20× | 1.50× |" in page
     assert "its 33 linear layers packed" in page and "decode of 32 steps" in page
     assert out.with_suffix(".json").is_file()

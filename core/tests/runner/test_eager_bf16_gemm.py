@@ -1,7 +1,8 @@
 """The runner's eager BF16 models, and those with no compiled graph yet, run core's BF16 GEMM
 (``cpu.packed_layers``, ``compile.runner_graphs``): their logits stay within what BF16 itself costs
 transformers (three-way against its FP32 and BF16 runs), the plain weights are given back, a compiled
-graph is never bound to them, and a model that cannot be packed (FP32, no kernel, the linear kernel
+graph is never bound to them (a model with graphs is packed as the graphs read it:
+``test_compiled_bf16_gemm.py``), and a model that cannot be packed (FP32, no kernel, the linear kernel
 turned off) runs as before."""
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def test_an_eager_bf16_model_runs_core_s_gemm_within_bf16_s_own_error(llama_chec
 
 
 @needs_kernel
-def test_a_model_with_no_compiled_graph_is_packed_and_one_with_graphs_is_not(llama_checkpoint, tmp_path):
+def test_a_model_with_no_compiled_graph_is_packed_for_eager_runs_and_one_with_graphs_for_them(
+    llama_checkpoint, tmp_path
+):
     from trnmodels.core.compile import compile_all
     from trnmodels.core.runner.graphs import DECODE, GraphSpec
 
@@ -87,7 +90,10 @@ def test_a_model_with_no_compiled_graph_is_packed_and_one_with_graphs_is_not(lla
     compile_all(target, str(tmp_path / "cache"), specs=[GraphSpec(DECODE, (1, RUNNER.max_model_len))])
     model = build_model(str(llama_checkpoint), NeuronConfig(dtype="bfloat16"), progress=False)
     assert len(runner_graphs(target, model, str(tmp_path / "cache"))) == 1
-    assert all(packed_gemm(m.weight) is None for m in linear_modules(model).values())
+    # The graph reads each layer's packed copy (``test_compiled_bf16_gemm.py``), and so do the eager steps.
+    for name, module in linear_modules(model).items():
+        assert getattr(module, packed_layers.PACKED_BUFFER) is not None, name
+        assert packed_gemm(module.weight) is not None, name
 
 
 @needs_kernel

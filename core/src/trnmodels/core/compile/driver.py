@@ -106,7 +106,15 @@ def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
     # The CPU kernels a capture takes change the graph, and the environment picks them
     # (TRNMODELS_CPU_KERNELS, TRNMODELS_KERNEL_BACKEND): a bisecting run must not reuse the others' graphs.
     # So does whether MKL's SGEMM is tuned for this CPU (an Intel CPU's graphs swap no operands).
-    flags = dict(COMPILER_FLAGS, cpu_kernels_in_graphs=cpu_kernels_in_graphs(), sgemm_tuned=sgemm_tuned())
+    # And whether BF16 linear layers call core's BF16 GEMM on packed weights (its CPU support decides).
+    from ..cpu.packed_layers import graphs_run_core_gemm  # it imports this package's cache
+
+    flags = dict(
+        COMPILER_FLAGS,
+        cpu_kernels_in_graphs=cpu_kernels_in_graphs(),
+        sgemm_tuned=sgemm_tuned(),
+        core_bf16_gemm=graphs_run_core_gemm(target.dtype),
+    )
     return {"dtype": target.dtype, "compiler_flags": flags, "source": source}
 
 
@@ -237,8 +245,12 @@ class _TracingGroup:
 
 
 def _compile_to(target: CompileTarget, spec: GraphSpec, path: Path) -> None:
+    from ..cpu.packed_layers import graphs_run_core_gemm, pack_for_graphs
+
     with _TracingGroup(target.layout), torch.no_grad():
         model = build_model_for_tracing(target)
+        if graphs_run_core_gemm(target.dtype):
+            pack_for_graphs(model, probe=False)  # as binding packs the loaded model (compile.load)
         step = _step_for(model, spec)
         args = example_inputs(
             spec, target.runner, model.vocab_size, flat_caches(step.kv_spec, target.runner.num_blocks)

@@ -315,10 +315,15 @@ def swap_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     )
 
 
+def _packed_for(weight: torch.Tensor) -> PackedGemm | None:
+    # A capture (``torch.export``) cannot read a data pointer; a GEMM packed for graphs is on the parameter.
+    return traceable_gemm(weight) if torch.compiler.is_compiling() else packed_gemm(weight)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``ops.linear`` through the GEMM packed for ``weight`` (``cpu.packed``), oneDNN (one FP32 row), as
     a swapped SGEMM (a few FP32 rows, a large weight), or in FP32 rounded once to ``x``'s dtype (BF16)."""
-    gemm = packed_gemm(weight)
+    gemm = _packed_for(weight)
     if gemm is not None:
         return _run_packed(gemm, x, weight, bias)
     if x.dtype != torch.float32:
@@ -395,7 +400,7 @@ def _inline(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 def _supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     # Asked before every eager call: the predicates that cannot hold are skipped (all but the upcast need
     # FP32 operands; the reductions, a capture; oneDNN, eager calls), not evaluated.
-    if packed_gemm(weight) is not None:
+    if _packed_for(weight) is not None:
         return True
     if x.dtype != torch.float32:
         return upcast_pays(x, weight, bias)

@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from ..ops.dispatch import cpu_kernel_enabled
 from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
 from . import bf16_gemm
-from .packed import PackedGemm, pack
+from .packed import PackedGemm, pack, packed_gemm, released
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ def pack_linear_layers(model: nn.Module, gemm_for: GemmMaker = core_gemm) -> tup
     packed, reasons = 0, []
     for path, module in _linear_modules(model):
         weight = module.weight
+        if packed_gemm(weight) is not None:
+            packed += 1  # already (``pack_for_graphs``)
+            continue
         reason = why_not_packed(weight)
         if reason is None:
             gemm, reason = gemm_for(weight.detach())
@@ -111,6 +115,61 @@ def pack_for_eager(model: nn.Module) -> int:
         logger.info("trnmodels: %d linear layers run core's BF16 GEMM", packed)
     elif any(m.weight.dtype == torch.bfloat16 for _, m in _linear_modules(model)):
         logger.info("trnmodels: the linear layers run F.linear, not core's BF16 GEMM (%s)", reasons[0])
+    return packed
+
+
+def graphs_run_core_gemm(dtype: torch.dtype | str) -> bool:
+    """Whether graphs compiled for ``dtype`` here call core's BF16 GEMM on packed weights
+    (``pack_for_graphs``): BF16, the linear CPU kernel on, and the GEMM able to run on this CPU. The
+    compile cache keys on it, and binding a model to graphs packs it the same way."""
+    if str(dtype).removeprefix("torch.") != "bfloat16" or not cpu_kernel_enabled("linear"):
+        return False
+    return bf16_gemm.why_unavailable() is None
+
+
+PACKED_BUFFER = "packed_weight"
+
+
+def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
+    """Pack every BF16 linear layer of ``model`` for core's BF16 GEMM as a captured graph calls it: the
+    packed weight is the layer's buffer ``packed_weight``, which a capture lifts and a compiled graph binds
+    by name like any weight, and the linear op calls the GEMM on it (``traceable``). The plain weights are
+    released, but the LM head's and one holding NaN or inf (kept, so a non-finite result names it). A
+    model already packed so is left as it is. Returns how many layers are packed.
+
+    Every layer must be packed, as the graph was: a GEMM that disagrees with ``F.linear`` on a probe row
+    raises rather than leaving one layer out (an eager-only model leaves it to ``F.linear`` instead).
+    ``probe=False`` skips that check, for a model built only to be traced (its weights are not set)."""
+    shared = shared_parameters(model)
+    packed = 0
+    for path, module in _linear_modules(model):
+        weight = module.weight
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            continue
+        if getattr(module, PACKED_BUFFER, None) is not None:
+            packed += 1
+            continue
+        if released(weight):
+            raise InputError(
+                f"{path}.weight: this model's weight was packed for eager runs and released "
+                "(cpu.packed_layers.pack_for_eager); compiled graphs need a model built again"
+            )
+        data = weight.detach()
+        module.register_buffer(PACKED_BUFFER, bf16_gemm.pack(data), persistent=False)
+        n = weight.shape[0]
+
+        def gemm(x: torch.Tensor, module: nn.Module = module, n: int = n) -> torch.Tensor:
+            return bf16_gemm.gemm(x, getattr(module, PACKED_BUFFER), n)
+
+        finite = not probe or bool(torch.isfinite(data).all())
+        if probe and finite and checked(gemm, data, "core's BF16 GEMM", "failed on it")[0] is None:
+            raise RuntimeError(
+                f"{path}: core's BF16 GEMM disagrees with F.linear on a probe row; run without it "
+                "(TRNMODELS_CPU_KERNELS without 'linear')"
+            )
+        keep = isinstance(module, ParallelLMHead) or id(weight) in shared or not finite
+        pack(weight, gemm, release=not keep, traceable=True)
+        packed += 1
     return packed
 
 

@@ -1,0 +1,188 @@
+"""Compiled BF16 graphs call core's BF16 GEMM on packed weights (``cpu.packed_layers.pack_for_graphs``):
+the capture lifts each layer's ``packed_weight`` buffer, binding packs the loaded model the same way and
+gives the plain weights back, and the results stay within BF16 rounding of a float64 truth. Graphs of
+an FP32 model, or with the linear kernel turned off, read the plain weights as before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trnmodels.core.accuracy.logits import hf_logits
+from trnmodels.core.causal_lm import build_model
+from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
+from trnmodels.core.compile.driver import compile_module, graph_key
+from trnmodels.core.compile.load import load_compiled_module
+from trnmodels.core.cpu import bf16_gemm
+from trnmodels.core.cpu.packed import packed_gemm, released
+from trnmodels.core.cpu.packed_layers import PACKED_BUFFER, graphs_run_core_gemm, pack_for_graphs
+from trnmodels.core.errors import InputError
+from trnmodels.core.finite import non_finite_weight
+from trnmodels.core.parallel.layers import (
+    LINEAR_LAYERS,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+)
+from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
+from trnmodels.core.runner.config import RunnerConfig, SamplingParams
+from trnmodels.core.runner.engine import Runner
+from trnmodels.core.runner.graphs import all_graph_specs
+from trnmodels.core.runtime_config import NeuronConfig
+
+needs_kernel = pytest.mark.skipif(
+    bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
+)
+RUNNER = RunnerConfig(
+    max_num_seqs=2,
+    max_model_len=32,
+    block_size=16,
+    num_batched_tokens_buckets=(32,),
+    num_seqs_buckets=(2,),
+    context_len_buckets=(32,),
+)
+
+
+@pytest.fixture(autouse=True)
+def one_rank():
+    init_parallel_state(1)
+    yield
+    destroy_parallel_state()
+
+
+class Projections(torch.nn.Module):
+    """Two projections and an LM head, in core's layers: what a decoder step's GEMMs are."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = ColumnParallelLinear(64, 96, bias=True, dtype=torch.bfloat16)
+        self.down = RowParallelLinear(96, 48, dtype=torch.bfloat16)
+        self.lm_head = ParallelLMHead(100, 48, dtype=torch.bfloat16)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.down(torch.relu(self.up(x))))
+
+
+def truth(model: Projections, x: torch.Tensor) -> torch.Tensor:
+    """The same projections in float64, from the same BF16 values, rounded to BF16 where ours rounds."""
+
+    def linear(x, layer):
+        out = x.double() @ layer.weight.double().T
+        return (out if getattr(layer, "bias", None) is None else out + layer.bias.double()).bfloat16()
+
+    return linear(linear(torch.relu(linear(x, model.up)), model.down), model.lm_head)
+
+
+@needs_kernel
+@pytest.mark.slow  # AOT compiles
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_compiled_graph_calls_the_gemm_on_the_packed_weights(tmp_path, rows):
+    traced = Projections()
+    pack_for_graphs(traced, probe=False)
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    compile_module(traced, (x,), tmp_path / "graph.pt2", "projections")
+
+    model = Projections()
+    expected = truth(model, x)
+    assert pack_for_graphs(model) == 3
+    graph = load_compiled_module(tmp_path / "graph.pt2", model)
+    # The graph reads the packed copies, and the plain weights are given back (but the LM head's).
+    names = set(graph.get_constant_fqns())
+    assert {f"{n}.{PACKED_BUFFER}" for n in ("up", "down", "lm_head")} <= names
+    assert not any(n.endswith(".weight") for n in names), names
+    assert released(model.up.weight) and released(model.down.weight) and not released(model.lm_head.weight)
+    got = graph(x)
+    scale = expected.double().abs().max().item()
+    torch.testing.assert_close(got.double(), expected.double(), rtol=2**-6, atol=2**-6 * scale)
+
+
+@needs_kernel
+@pytest.mark.slow  # AOT compiles
+def test_compiled_bf16_graphs_run_core_s_gemm_and_match_the_eager_model(llama_checkpoint, tmp_path):
+    target = CompileTarget(str(llama_checkpoint), RUNNER, dtype="bfloat16")
+    assert graphs_run_core_gemm(target.dtype)
+    cache = str(tmp_path / "cache")
+    compile_all(target, cache)
+    model = build_model(str(llama_checkpoint), target.neuron_config(), progress=False)
+    graphs = load_compiled_graphs(target, model, cache)
+    assert len(graphs) == 2
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, (*LINEAR_LAYERS, ParallelLMHead))}
+    for name, module in layers.items():
+        assert getattr(module, PACKED_BUFFER, None) is not None and packed_gemm(module.weight) is not None, (
+            name
+        )
+        assert released(module.weight) is not isinstance(module, ParallelLMHead), name
+    assert non_finite_weight(model) == ""
+    # Each greedy token of the graphs is transformers' FP32 argmax up to what BF16 itself costs there
+    # (twice the largest error of transformers' BF16 logits): Inductor's fused code rounds otherwise than
+    # the eager steps, so on near-ties the tokens themselves may differ.
+    from transformers import AutoModelForCausalLM
+
+    hf32 = AutoModelForCausalLM.from_pretrained(llama_checkpoint, dtype=torch.float32).eval()
+    hf16 = AutoModelForCausalLM.from_pretrained(llama_checkpoint, dtype=torch.bfloat16).eval()
+    prompts, params = [[3, 1, 4, 1, 5], [9, 2, 6]], SamplingParams(max_new_tokens=6, ignore_eos=True)
+    for prompt, result in zip(
+        prompts, Runner(model, RUNNER, graphs=graphs).generate(prompts, params), strict=True
+    ):
+        sequence = prompt + result.token_ids
+        with torch.no_grad():
+            gold, bf16 = hf_logits(hf32, sequence), hf_logits(hf16, sequence)
+        slack = 2 * (bf16 - gold).abs().max().item()
+        chosen = torch.tensor(result.token_ids)
+        rows = torch.arange(len(prompt) - 1, len(sequence) - 1)
+        shortfall = gold[rows].amax(-1) - gold[rows, chosen]
+        assert (shortfall <= slack).all(), (result.token_ids, shortfall.tolist(), slack)
+
+
+def test_the_cache_key_says_whether_graphs_call_core_s_gemm(llama_checkpoint, monkeypatch):
+    bf16 = CompileTarget(str(llama_checkpoint), RUNNER, dtype="bfloat16")
+    fp32 = CompileTarget(str(llama_checkpoint), RUNNER)
+    spec = all_graph_specs(RUNNER)[0]
+    assert graph_key(fp32, spec)[1]["compiler_flags"]["core_bf16_gemm"] is False
+    on = graph_key(bf16, spec)
+    assert on[1]["compiler_flags"]["core_bf16_gemm"] is (bf16_gemm.why_unavailable() is None)
+    monkeypatch.setattr(bf16_gemm, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
+    off = graph_key(bf16, spec)
+    assert off[1]["compiler_flags"]["core_bf16_gemm"] is False
+    assert (off[0] != on[0]) is on[1]["compiler_flags"]["core_bf16_gemm"]
+
+
+@pytest.mark.parametrize("dtype, kernels", [("float32", "all"), ("bfloat16", "rms_norm")])
+def test_fp32_graphs_and_graphs_without_the_linear_kernel_read_the_plain_weights(
+    llama_checkpoint, tmp_path, monkeypatch, dtype, kernels
+):
+    monkeypatch.setenv("TRNMODELS_CPU_KERNELS", kernels)
+    assert not graphs_run_core_gemm(dtype)
+    model = build_model(str(llama_checkpoint), NeuronConfig(dtype=dtype), progress=False)
+    target = CompileTarget(str(llama_checkpoint), RUNNER, dtype=dtype)
+    assert load_compiled_graphs(target, model, str(tmp_path)) == {}  # binding packs nothing
+    for name, module in model.named_modules():
+        if isinstance(module, (*LINEAR_LAYERS, ParallelLMHead)):
+            assert packed_gemm(module.weight) is None and not hasattr(module, PACKED_BUFFER), name
+
+
+@needs_kernel
+def test_a_weight_holding_nan_is_packed_for_graphs_but_kept_and_named(llama_checkpoint):
+    model = build_model(str(llama_checkpoint), NeuronConfig(dtype="bfloat16"), progress=False)
+    layer = model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        layer.weight[0, 0] = float("nan")
+    pack_for_graphs(model)
+    assert getattr(layer, PACKED_BUFFER) is not None and not released(layer.weight)
+    assert "model.layers.0.mlp.down_proj.weight holds NaN or inf" in non_finite_weight(model)
+
+
+@needs_kernel
+def test_a_model_packed_for_eager_runs_is_refused_by_graphs(llama_checkpoint):
+    from trnmodels.core.cpu.packed_layers import pack_for_eager
+
+    model = build_model(str(llama_checkpoint), NeuronConfig(dtype="bfloat16"), progress=False)
+    pack_for_eager(model)
+    with pytest.raises(
+        InputError, match=r"layers\.0\..*weight: this model's weight was packed for eager runs"
+    ):
+        pack_for_graphs(model)
