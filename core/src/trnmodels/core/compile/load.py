@@ -37,13 +37,12 @@ def _constants(target: CompileTarget, model: torch.nn.Module) -> dict[str, torch
 def _bind(loader: Any, named: dict[str, torch.Tensor]) -> None:
     """Bind the tensors of ``named`` that the graph of ``loader`` reads, shared with the model, not copied.
     A weight released after packing (``cpu.packed_layers``) is refused: its own memory is gone."""
+    from ..cpu.packed_layers import released_for_eager
+
     wanted = {k: v for k, v in named.items() if k in set(loader.get_constant_fqns())}
     for name, t in wanted.items():
         if released(t):
-            raise InputError(
-                f"{name.removeprefix('model.')}: this model's weight was packed for eager runs and "
-                "released (cpu.packed_layers.pack_for_eager); compiled graphs need a model built again"
-            )
+            raise released_for_eager(name.removeprefix("model."))
     loader.load_constants(wanted, check_full_update=True, user_managed=True)
 
 

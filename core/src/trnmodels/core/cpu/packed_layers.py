@@ -130,6 +130,14 @@ def graphs_run_core_gemm(dtype: torch.dtype | str) -> bool:
 PACKED_BUFFER = "packed_weight"
 
 
+def released_for_eager(name: str) -> InputError:
+    """The error for binding graphs to the weight ``name`` that an eager-only model gave back."""
+    return InputError(
+        f"{name}: this model's weight was packed for eager runs and released "
+        "(cpu.packed_layers.pack_for_eager); compiled graphs need a model built again"
+    )
+
+
 def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
     """Pack every BF16 linear layer of ``model`` for core's BF16 GEMM as a captured graph calls it: the
     packed weight is the layer's buffer ``packed_weight``, which a capture lifts and a compiled graph binds
@@ -150,10 +158,7 @@ def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
             packed += 1
             continue
         if released(weight):
-            raise InputError(
-                f"{path}.weight: this model's weight was packed for eager runs and released "
-                "(cpu.packed_layers.pack_for_eager); compiled graphs need a model built again"
-            )
+            raise released_for_eager(f"{path}.weight")
         data = weight.detach()
         module.register_buffer(PACKED_BUFFER, bf16_gemm.pack(data), persistent=False)
         n = weight.shape[0]
@@ -161,7 +166,7 @@ def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
         def gemm(x: torch.Tensor, module: nn.Module = module, n: int = n) -> torch.Tensor:
             return bf16_gemm.gemm(x, getattr(module, PACKED_BUFFER), n)
 
-        finite = not probe or bool(torch.isfinite(data).all())
+        finite = not probe or bool(torch.isfinite(data).all())  # a traced model's weights are not set
         if probe and finite and checked(gemm, data, "core's BF16 GEMM", "failed on it")[0] is None:
             raise RuntimeError(
                 f"{path}: core's BF16 GEMM disagrees with F.linear on a probe row; run without it "
