@@ -23,8 +23,8 @@ def non_finite_weight(model: torch.nn.Module) -> str:
     """`` (checkpoint key K holds NaN or inf)`` for the first parameter of this rank that does, else ``""``.
 
     Run only once a result came out non-finite: weights are not scanned at load (``docs/validation.md``).
-    A weight released after packing (``cpu.packed``) is the NaN it holds by design, and is skipped: its GEMM
-    took it only after it agreed with ``F.linear`` on a probe row, which a NaN or inf would have failed.
+    A weight released after packing (``cpu.packed``) is the NaN it holds by design, and is skipped: a weight
+    holding NaN or inf is never released (``cpu.packed_layers``), so it is still named.
     """
     from .cpu.packed import released
 

@@ -4,14 +4,19 @@ A linear layer's BF16 weight as stored is slow to multiply at decode sizes: ``F.
 plain weight on every call, and read the llama3 bench config's weights at 9-11 GB/s at one to eight rows,
 where core's BF16 GEMM (``cpu.bf16_gemm``) on its packed copy read 22-38 (``docs/benchmarks/bf16-gemm.md``;
 the runner's eager BF16 decode of that model ran 1.56x faster at batch 1 and 1.93x at batch 8).
-So a model that will only run eagerly has each BF16 linear weight packed once, and the linear op runs the
-packed GEMM for it, in the layers' own calls and in the fused ops' (``ops.gated_mlp``). Used by the
-runner's eager models (``runner_graphs``) and, with vLLM's GEMM as the other choice, by the vLLM bridge.
+So each BF16 linear weight is packed once, and the linear op runs the packed GEMM for it, in the layers'
+own calls and in the fused ops' (``ops.gated_mlp``). Two ways:
+
+- ``pack_for_eager``: for a model that only runs eagerly (the runner's, through ``runner_graphs``, and,
+  with vLLM's GEMM as the other choice, the vLLM bridge's). A layer whose GEMM disagrees with ``F.linear``
+  on a probe row stays on ``F.linear``.
+- ``pack_for_graphs``: for a model compiled graphs read (the capture, and ``compile.load_compiled_graphs``
+  when binding). The packed copy is the layer's buffer ``packed_weight``, which the graph binds by name,
+  so every layer must be packed, as in the graph.
 
 Weights only the linear layers read are released (the GEMM holds the packed copy), so memory does not
-grow; the LM head's, which a tied embedding reads too, is kept. A released weight cannot be bound to a
-compiled graph, which reads the plain weight: so only models that no graph will bind are packed, and
-``compile.load_compiled_graphs`` refuses a model whose weights were.
+grow; the LM head's, which a tied embedding reads too, is kept, and so is a weight holding NaN or inf. A
+graph cannot read a weight packed for eager runs, whose own memory is gone: binding refuses it.
 """
 
 from __future__ import annotations
@@ -152,8 +157,8 @@ def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
     packed = 0
     for path, module in _linear_modules(model):
         weight = module.weight
-        if weight.dtype != torch.bfloat16 or weight.dim() != 2:
-            continue
+        if why_not_packed(weight) is not None:
+            continue  # not a BF16 weight (the kernel itself is ``graphs_run_core_gemm``'s question)
         if getattr(module, PACKED_BUFFER, None) is not None:
             packed += 1
             continue
@@ -166,7 +171,8 @@ def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
         def gemm(x: torch.Tensor, module: nn.Module = module, n: int = n) -> torch.Tensor:
             return bf16_gemm.gemm(x, getattr(module, PACKED_BUFFER), n)
 
-        finite = not probe or bool(torch.isfinite(data).all())  # a traced model's weights are not set
+        # A traced model's weights are not set: neither checked nor kept.
+        finite = bool(torch.isfinite(data).all()) if probe else True
         if probe and finite and checked(gemm, data, "core's BF16 GEMM", "failed on it")[0] is None:
             raise RuntimeError(
                 f"{path}: core's BF16 GEMM disagrees with F.linear on a probe row; run without it "
