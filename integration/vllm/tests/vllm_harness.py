@@ -96,7 +96,7 @@ def build_gpt_oss(out: Path) -> Path:
     )
 
 
-def build_gemma4(out: Path, text_only_moe: bool = False) -> Path:
+def build_gemma4(out: Path, text_only_moe: bool = False, per_layer_embeddings: bool = True) -> Path:
     # What makes Gemma 4 special in vLLM's path: sliding and full layers of different head sizes and KV
     # heads (V from the K projection, partial proportional rope on the full ones), KV sharing with
     # double-wide MLPs there, per-layer embeddings, final logit softcapping and tied embeddings, in the
@@ -104,7 +104,10 @@ def build_gemma4(out: Path, text_only_moe: bool = False) -> Path:
     # With `text_only_moe`: the text-only Gemma4ForCausalLM export of the same language model, with the
     # 26B-A4B block (top-2 of 4 experts beside the dense MLP) in every layer, which the bundled config
     # does not have; vLLM's own class serves this one here (see PluginCase.fallback_build).
+    # Without `per_layer_embeddings`: as the published 26B-A4B and 31B-it are (hidden_size_per_layer_input 0).
     config = tiny_config("gemma4")
+    if not per_layer_embeddings:
+        config = merge(config, {"text_config": {"hidden_size_per_layer_input": 0}})
     if text_only_moe:
         moe = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
         config = {**config["text_config"], **moe, "architectures": ["Gemma4ForCausalLM"]}
@@ -170,21 +173,43 @@ class TinyCheckpoint:
     path: Path
     case: PluginCase
 
-    def hf_greedy(self, prompt_ids: list[int]) -> list[int]:
-        """transformers' ``generate``, greedy, never stopping early (like vLLM's ``ignore_eos``)."""
+    def hf_model(self) -> transformers.PreTrainedModel:
+        """transformers' plain FP32 reference implementation of the checkpoint."""
         model = transformers.AutoModelForCausalLM.from_pretrained(
             self.path, dtype=torch.float32, **self.case.hf_kwargs
         ).eval()
-        ids = torch.tensor([prompt_ids])
         # The checkpoint's generation_config.json names EOS; without one, generate runs to max_new_tokens.
         model.generation_config.eos_token_id = None
-        config = transformers.GenerationConfig(
-            do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=2
-        )
+        return model
+
+    def hf_greedy(self, prompt_ids: list[int]) -> list[int]:
+        """transformers' ``generate``, greedy, never stopping early (like vLLM's ``ignore_eos``)."""
+        ids = torch.tensor([prompt_ids])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            out = self.hf_model().generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=_GREEDY
+            )
         assert out.shape[1] == len(prompt_ids) + MAX_TOKENS, "reference stopped early"
         return out[0, len(prompt_ids) :].tolist()
+
+    def hf_greedy_from_embeds(self, embeds: torch.Tensor) -> list[int]:
+        """Greedy decoding by transformers' forward from ``[tokens, hidden]`` input embeddings, each new
+        token appended as its own embedding (``generate(inputs_embeds=...)`` is not implemented for every
+        class, Gemma 4's multimodal one among them)."""
+        model = self.hf_model()
+        embedding = model.get_input_embeddings()
+        tokens: list[int] = []
+        with torch.no_grad():
+            for _ in range(MAX_TOKENS):
+                logits = model(inputs_embeds=embeds[None], use_cache=False).logits[0, -1]
+                tokens.append(int(logits.argmax()))
+                embeds = torch.cat([embeds, embedding(torch.tensor(tokens[-1:]))])
+        return tokens
+
+
+_GREEDY = transformers.GenerationConfig(
+    do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=2
+)
 
 
 def vllm_env(**overrides: str) -> dict[str, str]:
@@ -200,10 +225,17 @@ def run_offline(
     chats: list[list[dict[str, str]]] = CHATS,
     dtype: str = "float32",
     enforce_eager: bool = True,
+    prompt_embeds: list[torch.Tensor] | None = None,
     **env: str,
 ) -> dict:
     """Generate ``prompts`` and ``chats`` greedily with ``vllm.LLM`` in a fresh interpreter (eagerly
-    unless ``enforce_eager=False``: vLLM's compile costs each start-up tens of seconds)."""
+    unless ``enforce_eager=False``: vLLM's compile costs each start-up tens of seconds). Given
+    ``prompt_embeds`` (each ``[tokens, hidden]``), the engine runs with prompt embeddings on and
+    generates from each too (``result["from_embeds"]``)."""
+    embed_files = []
+    for i, embeds in enumerate(prompt_embeds or []):
+        embed_files.append(str(tmp_path / f"prompt_embeds_{i}.pt"))
+        torch.save(embeds, embed_files[-1])
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
@@ -214,6 +246,8 @@ def run_offline(
                 "max_model_len": MAX_MODEL_LEN,
                 "dtype": dtype,
                 "enforce_eager": enforce_eager,
+                "enable_prompt_embeds": prompt_embeds is not None,
+                "prompt_embeds": embed_files,
             }
         )
     )

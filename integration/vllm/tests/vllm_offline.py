@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+import torch
+
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -39,10 +41,13 @@ def main() -> None:
         max_model_len=request["max_model_len"],
         max_num_seqs=8,
         seed=0,
+        enable_prompt_embeds=request.get("enable_prompt_embeds", False),
     )
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
     completions = llm.generate(request["prompts"], params, use_tqdm=False)
     chats = llm.chat(request["chats"], params, use_tqdm=False) if request["chats"] else []
+    embedded = [{"prompt_embeds": torch.load(path)} for path in request.get("prompt_embeds", [])]
+    from_embeds = llm.generate(embedded, params, use_tqdm=False) if embedded else []
     result = {
         "model": llm.apply_model(describe)[0],
         "completions": [
@@ -53,6 +58,7 @@ def main() -> None:
             {"prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
             for o in chats
         ],
+        "from_embeds": [list(o.outputs[0].token_ids) for o in from_embeds],
     }
     print("RESULT " + json.dumps(result))
 

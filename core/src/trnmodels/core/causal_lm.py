@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .attention import AttentionMetadata, bind_kv_caches, collect_kv_spec
-from .errors import ConfigError, ShardingError
+from .errors import ConfigError, InputError, ShardingError
 from .hf_config import CONFIG_NAME, load_hf_config, read_config_dict
 from .kv_cache import KVSpec
 from .modules.norm import RMSNorm
@@ -45,8 +45,10 @@ from .weights import (
 class CausalLM(Protocol):
     """The model contract every LLM plugin implements (the runner, CLI and vLLM bridge rely on it).
 
-    ``forward`` sees padded, flat inputs and returns hidden states ``[T, hidden]``; ``compute_logits``
-    turns the rows the caller selects into ``[N, vocab]``. ``rank`` is this rank's index as a tensor.
+    ``forward`` sees padded, flat inputs and returns hidden states ``[T, hidden]``; ``embed`` is its first
+    step, and ``forward_embeds`` the rest, from given embeddings, unless ``why_not_from_embeds`` says why
+    the model needs the token ids themselves; ``compute_logits`` turns the rows the caller selects into
+    ``[N, vocab]``. ``rank`` is this rank's index as a tensor.
     """
 
     vocab_size: int
@@ -58,6 +60,18 @@ class CausalLM(Protocol):
         attn_metadata: AttentionMetadata,
         rank: torch.Tensor,
     ) -> torch.Tensor: ...
+
+    def embed(self, input_ids: torch.Tensor, rank: torch.Tensor) -> torch.Tensor: ...
+
+    def forward_embeds(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        rank: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+    def why_not_from_embeds(self) -> str | None: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -82,9 +96,9 @@ class CausalLMConfig(Protocol):
 @dataclass(frozen=True)
 class DecoderStep:
     """The inputs of one forward the per-layer inputs are computed from (flat tokens, their positions,
-    the global rank)."""
+    the global rank). ``input_ids`` is None for a forward from embeddings (``forward_embeds``)."""
 
-    input_ids: torch.Tensor
+    input_ids: torch.Tensor | None
     positions: torch.Tensor
     rank: torch.Tensor
 
@@ -100,7 +114,8 @@ class PagedCausalLM(nn.Module):
 
     ``forward`` is the standard decoder: ``embed``, then ``layer(x, *inputs, attn_metadata, rank)`` for
     each layer and its ``layer_inputs`` (given a ``rotary`` embedding: the one RoPE table ``(cos, sin)``),
-    then the final norm. A model scales its embedding by overriding ``embed`` (which indexes the vocab
+    then the final norm. ``forward_embeds`` starts from given embeddings instead (vLLM's prompt
+    embeddings), unless ``why_not_from_embeds`` names why the model cannot. A model scales its embedding by overriding ``embed`` (which indexes the vocab
     split by the TP coordinate of the global rank, so EP ranks are right too) and feeds its layers more by
     overriding ``layer_inputs``. A subclass extends ``checkpoint_keys()`` for parameters
     outside the standard layout, overrides ``ignored_checkpoint_keys()`` for keys it deliberately leaves
@@ -147,10 +162,33 @@ class PagedCausalLM(nn.Module):
         attn_metadata: AttentionMetadata,
         rank: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.embed(input_ids, rank)
-        step = DecoderStep(input_ids, positions, rank)
+        return self.decode(
+            self.embed(input_ids, rank), DecoderStep(input_ids, positions, rank), attn_metadata
+        )
+
+    def forward_embeds(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        rank: torch.Tensor,
+    ) -> torch.Tensor:
+        """``forward`` from ``[T, hidden]`` embeddings as ``embed`` gives them (scaled, for a model that
+        scales), in place of token ids."""
+        why = self.why_not_from_embeds()
+        if why is not None:
+            raise InputError(f"{type(self).__name__} cannot run from embeddings: {why}")
+        return self.decode(inputs_embeds, DecoderStep(None, positions, rank), attn_metadata)
+
+    def why_not_from_embeds(self) -> str | None:
+        """Why this model needs token ids beyond their embeddings (None: it does not). A model whose
+        ``layer_inputs`` reads ``step.input_ids`` overrides this."""
+        return None
+
+    def decode(self, x: torch.Tensor, step: DecoderStep, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        """The decoder layers and the final norm over the step's embeddings ``x``."""
         for layer, inputs in zip(self.layers, self.layer_inputs(step, x), strict=True):
-            x = layer(x, *inputs, attn_metadata, rank)
+            x = layer(x, *inputs, attn_metadata, step.rank)
         return self.norm(x)
 
     def layer_inputs(self, step: DecoderStep, x: torch.Tensor) -> Iterable[tuple[Any, ...]]:

@@ -57,7 +57,7 @@ def init_tensor_parallel() -> int:
 
 
 # The forward's annotations are strings here (postponed), which vLLM cannot read: the dims are explicit.
-@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0})
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class TrnmodelsForCausalLM(nn.Module):
     """A trnmodels ``CausalLM`` behind vLLM's model interface. ``self.model`` is the plugin's model."""
 
@@ -78,6 +78,15 @@ class TrnmodelsForCausalLM(nn.Module):
         # but a name that is no adapter fails here as it does there).
         register_configured_adapters()
         self.model: CausalLM = self.plugin.load_factory()(hf_config, neuron_config)
+        if model_config.enable_prompt_embeds:
+            # Refused here, not at the first request: with prompt embeddings on, vLLM passes every step
+            # (token prompts too) as embeddings, so a model that needs token ids could serve nothing.
+            why = self.model.why_not_from_embeds()
+            if why is not None:
+                raise ConfigError(
+                    f"plugin {self.plugin.name}: prompt embeddings (enable_prompt_embeds) are not "
+                    f"supported for {','.join(hf_config.architectures)}: {why}"
+                )
         self.attention_layers = swap_attention(self.model, vllm_config, f"{prefix}model.")
         self.register_buffer(
             "rank", torch.tensor(get_tensor_model_parallel_rank(), dtype=torch.int64), persistent=False
@@ -95,24 +104,23 @@ class TrnmodelsForCausalLM(nn.Module):
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embed = getattr(self.model, "embed_tokens", None)
-        if embed is None:
-            raise ConfigError(f"plugin {self.plugin.name}: its model has no embed_tokens module")
-        return embed(input_ids, self.rank)
+        """The embeddings ``forward`` starts from (scaled, for a model that scales): with prompt embeddings
+        on, vLLM embeds token ids here and passes them to ``forward`` as ``inputs_embeds``."""
+        return self.model.embed(input_ids, self.rank)
 
     get_input_embeddings = embed_input_ids
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if intermediate_tensors is not None or inputs_embeds is not None:
-            raise InputError(
-                f"plugin {self.plugin.name}: pipeline parallelism and prompt embeddings are not supported"
-            )
+        if intermediate_tensors is not None:
+            raise InputError(f"plugin {self.plugin.name}: pipeline parallelism is not supported")
+        if inputs_embeds is not None:
+            return self.model.forward_embeds(inputs_embeds, positions, self._meta, self.rank)
         return self.model(input_ids, positions, self._meta, self.rank)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

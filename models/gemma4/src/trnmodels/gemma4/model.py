@@ -251,10 +251,19 @@ class Gemma4ForCausalLM(PagedCausalLM):
     def embed(self, input_ids: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
         return super().embed(self.text_ids(input_ids), rank) * self.embed_scale
 
+    def why_not_from_embeds(self) -> str | None:
+        if self.per_layer is None:
+            return None
+        return (
+            f"its per-layer embeddings (hidden_size_per_layer_input={self.per_layer.dim}) are looked up by "
+            "token id, which embeddings do not carry"
+        )
+
     def layer_inputs(self, step: DecoderStep, x: torch.Tensor) -> list[tuple[CosSin, torch.Tensor | None]]:
         """Each layer's RoPE table (by its layer type) and its slice of the per-layer embeddings."""
         per_layer = None
         if self.per_layer is not None:
+            assert step.input_ids is not None, self.why_not_from_embeds()
             per_layer = self.per_layer(self.text_ids(step.input_ids), x, self.tp_rank(step.rank))
         rope = {t: rotary(step.positions, x.dtype) for t, rotary in self.rotary.items()}
         return [
