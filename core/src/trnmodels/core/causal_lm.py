@@ -115,9 +115,9 @@ class PagedCausalLM(nn.Module):
     ``forward`` is the standard decoder: ``embed``, then ``layer(x, *inputs, attn_metadata, rank)`` for
     each layer and its ``layer_inputs`` (given a ``rotary`` embedding: the one RoPE table ``(cos, sin)``),
     then the final norm. ``forward_embeds`` starts from given embeddings instead (vLLM's prompt
-    embeddings), unless ``why_not_from_embeds`` names why the model cannot. A model scales its embedding by overriding ``embed`` (which indexes the vocab
-    split by the TP coordinate of the global rank, so EP ranks are right too) and feeds its layers more by
-    overriding ``layer_inputs``. A subclass extends ``checkpoint_keys()`` for parameters
+    embeddings), unless ``why_not_from_embeds`` names why the model cannot. A model scales its embedding
+    by overriding ``embed`` (which indexes the vocab split by the TP coordinate of the global rank, so EP
+    ranks are right too) and feeds its layers more by overriding ``layer_inputs``. A subclass extends ``checkpoint_keys()`` for parameters
     outside the standard layout, overrides ``ignored_checkpoint_keys()`` for keys it deliberately leaves
     unread, and ``compute_logits`` if its logits need more than the head.
     """
