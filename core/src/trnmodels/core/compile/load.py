@@ -39,7 +39,8 @@ def _bind(loader: Any, named: dict[str, torch.Tensor]) -> None:
     A weight released after packing (``cpu.packed_layers``) is refused: its own memory is gone."""
     from ..cpu.packed_layers import released_for_eager
 
-    wanted = {k: v for k, v in named.items() if k in set(loader.get_constant_fqns())}
+    fqns = set(loader.get_constant_fqns())
+    wanted = {k: v for k, v in named.items() if k in fqns}
     for name, t in wanted.items():
         if released(t):
             raise released_for_eager(name.removeprefix("model."))
