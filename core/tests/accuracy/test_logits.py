@@ -145,6 +145,24 @@ def test_atol_override():
     assert not compare_teacher_forced_logits(actual, expected, atol=100.0).passed
 
 
+def test_atol_marks_each_position_by_atol_not_by_the_tiers():
+    """With ``atol``, a row the tiers alone would reject but within atol reads ``ok`` (the verdict's rule),
+    and one past atol reads ``TOL``: the table names exactly the positions that fail the check."""
+    expected = torch.tensor([[10.0, 5.0, 1.0, 0.001], [10.0, 5.0, 1.0, 0.001], [10.0, 5.0, 1.0, 0.001]])
+    actual = expected.clone()
+    actual[0, 3] += 5e-5  # past the top-5 tier's bound at 0.001: 1e-5 + 1.1% of 0.001 = 2.1e-5
+    actual[2, 3] += 2e-4  # beyond atol
+    assert not compare_teacher_forced_logits(actual, expected).positions[0].within_tolerance
+    r = compare_teacher_forced_logits(actual, expected, atol=1e-4)
+    assert [p.within_tolerance for p in r.positions] == [True, True, False]
+    assert not r.passed
+    rows = [line.split() for line in r.format_table().splitlines()[2:5]]
+    assert [row[-1] for row in rows] == ["ok", "ok", "TOL"]
+    assert "1 out of tolerance" not in r.summary() and r.summary().endswith("max_abs_err <= 0.0001")
+    actual[2, 3] = expected[2, 3]
+    assert compare_teacher_forced_logits(actual, expected, atol=1e-4).passed
+
+
 def test_ks_clamped_and_overlap():
     expected = torch.arange(10.0).flip(0).unsqueeze(0)  # top-2 = {0, 1}
     actual = expected.clone()
