@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 import transformers
-from vllm_harness import CHATS, PLUGINS, PROMPTS, TinyCheckpoint, run_offline
-
-BRIDGE = "trnmodels.core.vllm.bridge.TrnmodelsForCausalLM"
+from vllm_harness import BRIDGE, CHATS, PLUGINS, PROMPTS, TinyCheckpoint, run_offline
 
 
 def assert_matches_hf(tiny: TinyCheckpoint, result: dict) -> None:

@@ -26,10 +26,13 @@ from safetensors.torch import load_file, save_file
 from trnmodels.core.plugins import discover_plugins
 from trnmodels.core.testing import save_random_checkpoint
 from trnmodels.core.testing.conformance import merge
+from trnmodels.core.vllm.registration import BRIDGE_CLASS
 
 HERE = Path(__file__).parent
 PROMPTS = ["Hello, my name is", "The quick brown fox", "Paged attention stores keys"]
 CHATS = [[{"role": "user", "content": "Count: one, two,"}]]
+# The class vLLM runs for a plugin's model, as `vllm_offline.py` names it (module.qualname).
+BRIDGE = BRIDGE_CLASS.replace(":", ".")
 MAX_TOKENS = 16
 # The smallest max_position_embeddings of the bundled tiny configs (llama3's 128): vLLM refuses a longer
 # max_model_len. Prompts plus MAX_TOKENS stay far below it.

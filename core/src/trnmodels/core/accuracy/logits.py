@@ -147,10 +147,10 @@ def compare_teacher_forced_logits(
     # Tolerance tiers, vectorised over positions: ok[t] is False if any tier fails at t. With ``atol`` the
     # rule in force is that bound alone, so a position is within tolerance by it (the table then marks
     # the positions the verdict counts, not those the tiers alone would reject).
-    ok = torch.ones(T, dtype=torch.bool)
     if atol is not None:
         ok = (err <= atol).all(-1)
     else:
+        ok = torch.ones(T, dtype=torch.bool)
         for k, (tier_atol, tier_rtol) in tolerances.items():
             idx = e.topk(min(k, V), dim=-1).indices if k is not None else torch.arange(V).expand(T, V)
             bound = tier_atol + tier_rtol * e.gather(-1, idx).abs()
