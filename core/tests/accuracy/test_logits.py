@@ -163,6 +163,17 @@ def test_atol_marks_each_position_by_atol_not_by_the_tiers():
     assert compare_teacher_forced_logits(actual, expected, atol=1e-4).passed
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("which", ["actual", "expected"])
+def test_non_finite_logits_are_named(bad, which):
+    expected = torch.randn(3, 8)
+    actual = expected.clone()
+    (actual if which == "actual" else expected)[1, 2] = bad
+    message = rf"{which} logits hold 1 non-finite value\(s\); the first, {bad}, is at position 1, token 2"
+    with pytest.raises(ValueError, match=message):
+        compare_teacher_forced_logits(actual, expected, atol=1e-4)
+
+
 def test_ks_clamped_and_overlap():
     expected = torch.arange(10.0).flip(0).unsqueeze(0)  # top-2 = {0, 1}
     actual = expected.clone()

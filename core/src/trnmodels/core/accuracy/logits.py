@@ -127,6 +127,18 @@ def _check_shapes(actual: torch.Tensor, expected: torch.Tensor) -> None:
         )
 
 
+def _check_finite(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """A NaN or infinite logit has no rank and no error to compare: name the first one."""
+    for name, logits in (("actual", actual), ("expected", expected)):
+        bad = (~torch.isfinite(logits)).nonzero()
+        if len(bad):
+            t, v = bad[0].tolist()
+            raise ValueError(
+                f"{name} logits hold {len(bad)} non-finite value(s); the first, {logits[t, v].item()}, is at "
+                f"position {t}, token {v}"
+            )
+
+
 def compare_teacher_forced_logits(
     actual: torch.Tensor,
     expected: torch.Tensor,
@@ -137,6 +149,7 @@ def compare_teacher_forced_logits(
 ) -> LogitReport:
     """Compare ``[T, V]`` logits of two models that scored the same token sequence."""
     _check_shapes(actual, expected)
+    _check_finite(actual, expected)
     a = actual.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
     T, V = e.shape
