@@ -19,7 +19,7 @@ Then the same in a model: the runner's eager decode in BF16 on the bench model (
 a checkpoint), its linear layers packed for core's GEMM (``pack_for_eager``, what ``trnmodels generate
 --eager`` does) and not packed (``F.linear``), with transformers' own BF16 model as the reference.
 
-Needs vLLM (the ``bench-gemm`` session installs it) and a CPU with AVX512-BF16.
+Needs vLLM (the ``bench-gemm`` session installs it) and a CPU with AVX512-BF16 or AVX2 (``cpu.bf16_gemm``).
 """
 
 from __future__ import annotations
@@ -72,8 +72,11 @@ def bench_weights(plugin_name: str) -> list[torch.Tensor]:
     return [torch.randn(w.shape, generator=gen).mul_(0.02).bfloat16() for w in weight_matrices(model)]
 
 
-def gemms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
-    """Each GEMM compared, one callable ``x -> x @ w.T`` per weight."""
+def gemms(
+    weights: list[torch.Tensor],
+) -> tuple[dict[str, list[Callable[[torch.Tensor], torch.Tensor]]], str | None]:
+    """Each GEMM compared, one callable ``x -> x @ w.T`` per weight; and why vLLM's own layers run
+    ``F.linear`` on this CPU, if they do (then vLLM is not timed apart: its figures are ``F.linear``'s)."""
     from trnmodels.core.cpu import bf16_gemm
     from trnmodels.core.cpu.packed_layers import core_gemm
     from trnmodels.core.vllm.packed_linear import vllm_gemm
@@ -82,14 +85,25 @@ def gemms(weights: list[torch.Tensor]) -> dict[str, list[Callable[[torch.Tensor]
     if reason is not None:
         raise SystemExit(f"core's BF16 GEMM cannot run here: {reason}")
     chosen: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {"core": [], "vllm": [], "F.linear": []}
+    falls_back = None
     for w in weights:
-        for name, make in (("core", core_gemm), ("vllm", vllm_gemm)):
-            gemm, why = make(w)
-            if gemm is None:
-                raise SystemExit(f"{name}: {why}")
-            chosen[name].append(gemm)
+        gemm, why = core_gemm(w)
+        if gemm is None:
+            raise SystemExit(f"core: {why}")
+        chosen["core"].append(gemm)
+        gemm, why = vllm_gemm(w)
+        if gemm is None and why is not None and why.endswith("fell back to F.linear for it"):
+            falls_back = why
+        elif gemm is None:
+            raise SystemExit(f"vllm: {why}")
+        else:
+            chosen["vllm"].append(gemm)
         chosen["F.linear"].append(lambda x, w=w: F.linear(x, w))
-    return chosen
+    if falls_back is not None:
+        if chosen["vllm"]:
+            raise SystemExit(f"vllm: {falls_back}, but not for every weight")
+        del chosen["vllm"]
+    return chosen, falls_back
 
 
 def one_pass(calls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[torch.Tensor]) -> None:
@@ -100,7 +114,7 @@ def one_pass(calls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[t
 def measure(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, Any]:
     from .llm.measure import read_bandwidth
 
-    chosen = gemms(weights)
+    chosen, vllm_falls_back = gemms(weights)
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     names = list(chosen)
     seconds: dict[int, dict[str, list[float]]] = {rows: {n: [] for n in names} for rows in ROWS}
@@ -118,15 +132,20 @@ def measure(weights: list[torch.Tensor], rounds: int = ROUNDS) -> dict[str, Any]
                 seconds[rows][name].append((time.perf_counter() - start) / PASSES[rows])
         streams.append(read_bandwidth())
         print(f"[bench-gemm] round {r + 1} of {rounds}", file=sys.stderr, flush=True)
+    gb_s = {
+        str(rows): {n: nbytes / statistics.median(t) / 1e9 for n, t in per.items()}
+        for rows, per in seconds.items()
+    }
+    if vllm_falls_back is not None:
+        for per in gb_s.values():
+            per["vllm"] = per["F.linear"]
     return {
         "weights": [list(w.shape) for w in weights],
         "weight_bytes": nbytes,
         "read_stream_gb_s": [s / 1e9 for s in streams],
         "seconds": {str(rows): per for rows, per in seconds.items()},
-        "gb_s": {
-            str(rows): {n: nbytes / statistics.median(t) / 1e9 for n, t in per.items()}
-            for rows, per in seconds.items()
-        },
+        "gb_s": gb_s,
+        "vllm_falls_back": vllm_falls_back,
     }
 
 
@@ -224,6 +243,7 @@ def _runner_lines(r: dict[str, Any]) -> list[str]:
 def write_page(results: dict[str, Any], out: Path) -> None:
     m = results["machine"]
     stream = statistics.median(results["read_stream_gb_s"])
+    isa = results.get("core_isa", "avx512_bf16")  # runs from before the AVX2 build had only this one
     shapes = ", ".join(f"{n} × {k}" for n, k in sorted({tuple(s) for s in results["weights"]}))
     lines = [
         f"# Benchmark: BF16 GEMM, core's kernel vs vLLM's CPU GEMM ({results['plugin']} bench config)",
@@ -249,9 +269,16 @@ def write_page(results: dict[str, Any], out: Path) -> None:
         "- One pass multiplies every weight by the same number of rows. Each row count is timed in "
         f"{len(results['read_stream_gb_s'])} rounds, the GEMMs taking turns in an order rotated from round "
         "to round; each figure is the median over the rounds (all rounds are in the JSON).",
-        "- core: `trnmodels.core.cpu.bf16_gemm` on the packed weight, what the vLLM bridge runs on this CPU. "
-        "vLLM: the GEMM vLLM's own linear layers choose on this CPU (`dispatch_cpu_unquantized_gemm`). "
-        "`F.linear`: torch's call on the weight as stored.",
+        f"- core: `trnmodels.core.cpu.bf16_gemm` on the packed weight (its {isa} build), what "
+        "the vLLM bridge runs on this CPU. "
+        "vLLM: the GEMM vLLM's own linear layers choose on this CPU (`dispatch_cpu_unquantized_gemm`)"
+        + (
+            "; here they run `F.linear` (vLLM could not build its oneDNN matmul for BF16 weights on this CPU "
+            "and fell back to it), so its column repeats `F.linear`'s"
+            if results.get("vllm_falls_back")
+            else ""
+        )
+        + ". `F.linear`: torch's call on the weight as stored.",
         f"- Read-only memory stream between the rounds (`sum` over 1 GiB of FP32): median {stream:.1f} GB/s "
         f"(rounds: {', '.join(f'{s:.1f}' for s in results['read_stream_gb_s'])}).",
         "",
@@ -295,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         **measure(bench_weights(args.plugin), args.rounds),
     }
+    from trnmodels.core.cpu import bf16_gemm
+
+    results["core_isa"] = bf16_gemm.isa()
     print("[bench-gemm] the runner's eager BF16 decode", file=sys.stderr, flush=True)
     results["runner"] = runner_decode(args.plugin)
     write_page(results, args.out)

@@ -7,7 +7,7 @@ from pathlib import Path
 from benchmarks.bf16_gemm import write_page
 
 
-def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None:
+def one_run() -> dict:
     gb_s = {
         "1": {"core": 33.0, "vllm": 22.0, "F.linear": 11.0},
         "8": {"core": 30.0, "vllm": 24.0, "F.linear": 6.0},
@@ -27,6 +27,7 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
         "weight_bytes": 2 * (2 * 3072 * 1024 + 1024 * 2048),
         "read_stream_gb_s": [34.0, 36.0, 30.0],
         "gb_s": gb_s,
+        "core_isa": "avx2",
         "runner": {
             "packed_layers": 33,
             "repeats": 5,
@@ -40,12 +41,19 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
             },
         },
     }
+    return results
+
+
+def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None:
+    results = one_run()
     out = tmp_path / "page.md"
     write_page(results, out)
     page = out.read_text()
+    assert "here they run" not in page
     # 33 / 22 = 1.50; 33 / 34 (the median stream) = 97%; 30 / 24 = 1.25; 30 / 34 = 88%.
     assert "| 1 | 33.0 | 22.0 | 11.0 | 1.50× | 97% |" in page
     assert "| 8 | 30.0 | 24.0 | 6.0 | 1.25× | 88% |" in page
+    assert "on the packed weight (its avx2 build)" in page
     assert "median 34.0 GB/s" in page and "1024 × 2048, 3072 × 1024" in page and "17 MB together" in page
     # The runner, compiled ÷ transformers, eager core ÷ F.linear and ÷ transformers: 120 / 40 = 3.00,
     # 100 / 50 = 2.00, 100 / 40 = 2.50; 720 / 240 = 3.00, 600 / 400 = 1.50, 600 / 240 = 2.50;
@@ -55,3 +63,16 @@ def test_the_page_gives_gb_per_s_and_ratios_from_the_run(tmp_path: Path) -> None
     assert "| prefill | 2000.0 | 2400.0 | 2000.0 | 1600.0 | 1.25× | 1.20× | 1.50× |" in page
     assert "its 33 linear layers packed" in page and "decode of 32 steps" in page
     assert out.with_suffix(".json").is_file()
+
+
+def test_where_vllm_falls_back_to_f_linear_the_page_says_its_column_is_f_linear_s(tmp_path: Path) -> None:
+    results = one_run()
+    results["machine"]["cpu_capability"] = "AVX2"
+    results["gb_s"] = {"1": {"core": 27.0, "F.linear": 9.0, "vllm": 9.0}}
+    results["vllm_falls_back"] = "vLLM's GEMM fell back to F.linear for it"
+    out = tmp_path / "page.md"
+    write_page(results, out)
+    page = out.read_text()
+    assert "here they run `F.linear`" in page and "so its column repeats `F.linear`'s" in page
+    # 27 / 9 = 3.00; 27 / 34 (the median stream) = 79%.
+    assert "| 1 | 27.0 | 9.0 | 9.0 | 3.00× | 79% |" in page

@@ -1,7 +1,9 @@
 """``cpu.bf16_gemm``: core's BF16 GEMM against a float64 truth, element by element within BF16 rounding
 (half a unit in the last place of the result: 2**-8 of it) plus FP32 sums' slack, at every row count
-the kernel splits differently (1-8 rows share a weight load, more go by blocks of 8) and at edges (a
-last panel of fewer than 32 columns, an odd K); non-finite inputs reach the result; the op traces."""
+the kernel splits differently (rows share a weight load in blocks of 8 with AVX512-BF16, of 2 with AVX2,
+so a last block of 1 to 7) and at edges (a last panel of fewer than 32 columns, an odd K); non-finite
+inputs reach the result; the op traces. Each build this CPU can run is tested (the other in a process
+of its own)."""
 
 from __future__ import annotations
 
@@ -108,9 +110,9 @@ def test_the_bridge_chooses_core_s_gemm_unless_told_and_refuses_a_bad_setting(mo
 
 def test_a_lock_file_left_by_a_killed_build_does_not_block_the_next(tmp_path):
     """torch's extension builder waits forever on a ``lock`` file its killed predecessor left behind."""
-    folder = bf16_gemm.build_dir()
+    folder = bf16_gemm.build_dir(bf16_gemm.isa())
     cache = tmp_path / "cache"
-    copy = cache / folder.relative_to(folder.parents[2])
+    copy = cache / folder.relative_to(folder.parents[3])
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.lock", "lock"))
     (copy / "lock").touch()
     probe = "from trnmodels.core.cpu import bf16_gemm; print(bf16_gemm.why_unavailable())"
@@ -118,3 +120,30 @@ def test_a_lock_file_left_by_a_killed_build_does_not_block_the_next(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert not (copy / "lock").exists()
+
+
+def test_a_bad_isa_setting_is_named(monkeypatch):
+    monkeypatch.setenv(bf16_gemm.ISA_ENV_VAR, "sse2")
+    assert bf16_gemm.why_unavailable() == "TRNMODELS_BF16_GEMM_ISA='sse2' is not one of avx512_bf16, avx2"
+    missing = [name for name in bf16_gemm.ISA_FLAGS if not bf16_gemm._cpu_has(name)]
+    if missing:
+        monkeypatch.setenv(bf16_gemm.ISA_ENV_VAR, missing[0])
+        assert bf16_gemm.why_unavailable() == (
+            f"TRNMODELS_BF16_GEMM_ISA={missing[0]!r}, but this CPU has no {missing[0].upper().replace('_', '-')}"
+        )
+
+
+@pytest.mark.parametrize("isa", list(bf16_gemm.ISA_FLAGS))
+def test_every_build_this_cpu_can_run_matches_the_truth(isa):
+    """The build this process loaded is the tests above; each other build this CPU can run (the AVX2 one
+    on a CPU with AVX512-BF16) runs them in a process of its own."""
+    if isa == bf16_gemm.isa():
+        pytest.skip(f"the {isa} build is this process's, tested above")
+    if not bf16_gemm._cpu_has(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    env = {**os.environ, bf16_gemm.ISA_ENV_VAR: isa}
+    tests = "float64_truth or leading_dimensions or non_finite or torch_compile"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]

@@ -23,16 +23,25 @@ from trnmodels.core.parallel import (
     VocabParallelEmbedding,
 )
 from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_state
-from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers
+from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers, vllm_gemm
 
 H = 128
 
 
+def why_vllm_cannot_pack() -> str | None:
+    """Why vLLM's dispatch gives no packed BF16 GEMM on this CPU (None when it does): on one with neither
+    AMX nor AVX512, oneDNN cannot build its BF16 matmul, and vLLM's own layers run ``F.linear``."""
+    _, why = vllm_gemm(torch.randn(64, 64).bfloat16())
+    return why
+
+
 @pytest.fixture(autouse=True, params=["core", "vllm"])
 def gemm(request, monkeypatch):
-    """Every test runs with each GEMM the bridge can pack for."""
+    """Every test runs with each GEMM the bridge can pack for on this CPU."""
     if request.param == "core" and bf16_gemm.why_unavailable() is not None:
         pytest.skip(f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}")
+    if request.param == "vllm" and (why := why_vllm_cannot_pack()) is not None:
+        pytest.skip(f"vLLM has no packed BF16 GEMM on this CPU: {why}")
     monkeypatch.setenv(GEMM_ENV_VAR, request.param)
     assert chosen_gemm() == request.param
     return request.param
@@ -132,6 +141,25 @@ def test_cases_vllms_gemm_does_not_take_keep_cores_linear_op(monkeypatch, dtype,
     packed, reasons = pack_linear_layers(nn.Sequential(module))
     assert packed == 0 and len(reasons) == 1 and reasons[0].startswith("0: ") and reason in reasons[0]
     assert module.weight.untyped_storage().nbytes() == module.weight.numel() * module.weight.element_size()
+
+
+def test_a_dispatch_that_falls_back_to_f_linear_keeps_core_s_linear_op(monkeypatch, gemm):
+    """Where vLLM's dispatch has no packed GEMM (no AMX, no AVX512: oneDNN cannot build a BF16 matmul),
+    it sets ``F.linear``, which the bridge does not pack: the layer keeps core's op, and its weight."""
+    import vllm.model_executor.layers.utils as vllm_utils
+
+    def falls_back(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(vllm_utils, "dispatch_cpu_unquantized_gemm", falls_back)
+    monkeypatch.setenv(GEMM_ENV_VAR, "vllm")
+    module = randomized(ColumnParallelLinear(H, 64, dtype=torch.bfloat16))
+    packed, reasons = pack_linear_layers(nn.Sequential(module))
+    assert (packed, reasons) == (0, ["0: vLLM's GEMM fell back to F.linear for it"])
+    assert module.weight.untyped_storage().nbytes() == module.weight.numel() * module.weight.element_size()
+    x = torch.randn(3, H).bfloat16()
+    with torch.inference_mode():
+        torch.testing.assert_close(module(x), torch.nn.functional.linear(x, module.weight), rtol=0, atol=0)
 
 
 def test_real_weights_in_bfloat16_answer_the_question(smollm2, tmp_path, gemm):  # noqa: F811

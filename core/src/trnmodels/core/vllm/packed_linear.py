@@ -7,9 +7,9 @@ weight as stored on every call: on this machine's AVX512-BF16 CPU, 2-3x slower a
 eight rows; 1.05-1.35x at 128). So after loading, the bridge packs each BF16 linear weight for a GEMM and
 registers it with core (``cpu.packed_layers``, as the runner does for its eager models), where the
 linear op runs it, in the layers' own calls and in the fused ops' (``ops.gated_mlp``): core's BF16 GEMM
-(``cpu.bf16_gemm``) on a CPU with AVX512-BF16, which reads a weight 1.2-1.9x faster than vLLM's oneDNN
-GEMM at 1 to 8 rows and as fast from 32 rows up (0.94-1.07x, where both are bound by arithmetic), else
-(or with ``TRNMODELS_BF16_GEMM=vllm``) vLLM's own choice. Weights only the linear layers read are
+(``cpu.bf16_gemm``) on a CPU with AVX512-BF16 or AVX2 (on AVX512-BF16 it reads a weight 1.2-1.9x
+faster than vLLM's oneDNN GEMM at 1 to 8 rows and as fast from 32 rows up, 0.94-1.07x, where both are
+bound by arithmetic), else (or with ``TRNMODELS_BF16_GEMM=vllm``) vLLM's own choice. Weights only the linear layers read are
 released, as vLLM releases its own (the GEMM holds the packed copy); the LM head's, which a tied
 embedding reads too, is kept, as vLLM keeps its own.
 """
