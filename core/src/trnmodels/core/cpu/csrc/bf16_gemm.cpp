@@ -10,15 +10,18 @@
 //
 // AVX2 has no BF16 arithmetic, but a pair of BF16 in a 32-bit lane is two FP32 numbers cheaply: the
 // high one by masking the low 16 bits, the low one by shifting it up. Two FMAs per pair, the odd k
-// first, then add exactly what VDPBF16PS adds and in its order (a product of two BF16 is exact in FP32),
-// so both builds give the same sums for normal numbers (VDPBF16PS flushes subnormals).
+// first: the additions VDPBF16PS makes, in the order Intel's pseudo-code gives (a product of two BF16 is
+// exact in FP32, so an FMA rounds as its add does; VDPBF16PS also flushes subnormals). The tests check
+// each build against a float64 truth, not against each other. Two rows share each load of the weight.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>
 #include <torch/types.h>
 
+#include <array>
 #include <cstring>
+#include <utility>
 
 namespace {
 
@@ -64,6 +67,9 @@ void panel_rows(const c10::BFloat16* x, int64_t K, const c10::BFloat16* panel, c
   }
 }
 
+using Rows = c10::BFloat16;
+constexpr int64_t kRowBlock = 8;
+
 #else
 
 // Sums of rows m < M of x against one panel, x already FP32: M rows of K + 1 numbers, the last a zero for
@@ -102,20 +108,19 @@ void panel_rows(const float* x, int64_t K, const c10::BFloat16* panel, c10::BFlo
     for (int64_t c = 0; c < columns; ++c) y[m * ldy + c] = c10::BFloat16(sums[m][c]);
 }
 
+using Rows = float;
+constexpr int64_t kRowBlock = 2;
+
 #endif
 
-#if defined(__AVX512BF16__)
-using Rows = c10::BFloat16;
 using PanelRows = void (*)(const Rows*, int64_t, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
-constexpr int64_t kRowBlock = 8;
-constexpr PanelRows kPanelRows[kRowBlock + 1] = {nullptr,       panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
-                                                 panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
-#else
-using Rows = float;
-using PanelRows = void (*)(const Rows*, int64_t, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
-constexpr int64_t kRowBlock = 2;
-constexpr PanelRows kPanelRows[kRowBlock + 1] = {nullptr, panel_rows<1>, panel_rows<2>};
-#endif
+
+// kPanelRows[m]: panel_rows<m> for a block of m rows, 1 <= m <= kRowBlock.
+template <std::size_t... I>
+constexpr std::array<PanelRows, sizeof...(I) + 1> panel_rows_table(std::index_sequence<I...>) {
+  return {nullptr, panel_rows<static_cast<int>(I) + 1>...};
+}
+constexpr auto kPanelRows = panel_rows_table(std::make_index_sequence<kRowBlock>{});
 
 at::Tensor bf16_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16, "bf16_gemm: x must be a CPU bfloat16 tensor, got ",
