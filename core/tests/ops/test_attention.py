@@ -414,3 +414,29 @@ def test_attention_causal():
     both = _causal(t)[None, None] & kpm[:, None, None, :]
     out = attention(q, k, v, scale=SCALE, causal=True, key_padding_mask=kpm)
     torch.testing.assert_close(out, _sdpa(q, k, v, SCALE, attn_mask=both))
+
+
+# --------------------------------------------------------------------------------------------------
+# attention_matmul: the scores and weighted sums of every entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def test_bf16_attention_matmuls_run_in_fp32_on_a_cpu_without_bf16_arithmetic(monkeypatch):
+    from trnmodels.core.cpu import linear as cpu_linear
+    from trnmodels.core.ops.attention import attention_matmul
+
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(32, 3, 64, generator=gen).bfloat16()
+    b = torch.randn(32, 64, 256, generator=gen).bfloat16()
+    truth = a.double() @ b.double()
+    monkeypatch.setattr(cpu_linear, "_BF16_IN_HARDWARE", False)
+    assert select_backend("attention_matmul", a, b) == "cpu"
+    got = attention_matmul(a, b)
+    assert got.dtype == torch.bfloat16 and got.shape == truth.shape
+    # Rounded once to BF16 (half a unit in the last place, 2**-8 of the value) after FP32 sums.
+    slack = 64 * 2**-24 * (a.double().abs() @ b.double().abs())
+    assert ((got.double() - truth).abs() <= 2**-8 * truth.abs() + slack).all()
+    # FP32 operands, and a CPU with BF16 arithmetic, keep the plain matmul.
+    assert select_backend("attention_matmul", a.float(), b.float()) == "torch"
+    monkeypatch.setattr(cpu_linear, "_BF16_IN_HARDWARE", True)
+    assert select_backend("attention_matmul", a, b) == "torch"

@@ -18,6 +18,12 @@ import torch
 from .dispatch import kernel_op
 
 
+@kernel_op("attention_matmul")
+def attention_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b``, batched, in the operands' dtype: attention's scores and its weighted sum of values."""
+    return torch.matmul(a, b)
+
+
 def scaled_dot_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -38,7 +44,7 @@ def scaled_dot_product(
     # A group's query heads become extra query rows of their shared K/V head: a plain batched matmul.
     # Broadcasting K/V over a group dimension instead would have matmul copy them once per head.
     qg = q.reshape(b, hkv, h // hkv * tq, d)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float().reshape(b, hkv, h // hkv, tq, -1) * scale
+    scores = attention_matmul(qg, k.transpose(-1, -2)).float().reshape(b, hkv, h // hkv, tq, -1) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
@@ -49,7 +55,7 @@ def scaled_dot_product(
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs.to(v.dtype).reshape(b, hkv, h // hkv * tq, -1), v)
+    out = attention_matmul(probs.to(v.dtype).reshape(b, hkv, h // hkv * tq, -1), v)
     return out.reshape(b, h, tq, v.shape[-1])
 
 
