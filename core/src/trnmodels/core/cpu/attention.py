@@ -103,10 +103,12 @@ def attention_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``ops.attention_matmul`` of BF16 operands on a CPU without BF16 arithmetic: in FP32, rounded once.
 
     There a BF16 batched matmul converts its operands at every multiply-add. The compiled BF16 decode graphs
-    (and eager prefill) run the reference's two matmuls over the context bucket; on an AMD Zen 3 (AVX2,
-    2 threads) the scores of a batch-8 decode step of the llama3 bench model, ``[32, 3, 64] @ [32, 64, 256]``,
-    took 1.46 ms in BF16 and 0.16 ms converted first: 8 layers' two matmuls were 21 of the step's 37 ms.
-    A BF16 matmul sums in FP32 and rounds once too, so only the order of the sums differs."""
+    run the reference's two matmuls over the context bucket, and prefill (eager and compiled) over the
+    prompt. On an AMD Zen 3 (AVX2, 2 threads), the scores of a batch-8 decode step of the llama3 bench
+    model, ``[32, 3, 64] @ [32, 64, 256]``, took 1.46 ms in BF16 and 0.16 ms converted first. That model's
+    BF16 prefill of 256 tokens ran 3.8x as fast with this kernel, its compiled decode 1.10x
+    (``docs/benchmarks/bf16-gemm-avx2.md``, before and after). A BF16 matmul sums in FP32 and rounds once
+    too, so only the order of the sums differs."""
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
