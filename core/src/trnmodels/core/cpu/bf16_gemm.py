@@ -21,7 +21,7 @@ The kernel is compiled with the host's C++ compiler the first time a process nee
 with ``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``
 (``$XDG_CACHE_HOME``), one build per torch version and instruction set; ``why_unavailable`` says why it
 cannot run. ``TRNMODELS_BF16_GEMM_ISA=avx2`` runs the AVX2 build on a CPU with AVX512-BF16 (to bisect a
-difference, and so that its tests run there).
+difference, and so that its tests run there); any other value, or one this CPU cannot run, is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 from filelock import FileLock
 
 from ..compile.cache import make_private_dirs
+from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -60,22 +61,24 @@ def _cpu_has(isa: str) -> bool:
 
 def isa() -> str | None:
     """The instruction set the kernel is built for here: ``$TRNMODELS_BF16_GEMM_ISA`` if set, else the
-    first of ``ISA_FLAGS`` this CPU has; None if it has none."""
+    first of ``ISA_FLAGS`` this CPU has; None if it has none. A setting that is not one of them, or that
+    this CPU cannot run, raises ``ConfigError``: asked for by name, it is not swapped for another."""
     chosen = os.environ.get(ISA_ENV_VAR, "").strip()
-    if chosen:
-        return chosen
-    return next((name for name in ISA_FLAGS if _cpu_has(name)), None)
+    if not chosen:
+        return next((name for name in ISA_FLAGS if _cpu_has(name)), None)
+    if chosen not in ISA_FLAGS:
+        raise ConfigError(f"{ISA_ENV_VAR}: expected one of {', '.join(ISA_FLAGS)}, got {chosen!r}")
+    if not _cpu_has(chosen):
+        raise ConfigError(f"{ISA_ENV_VAR}={chosen}: this CPU has no {chosen.upper().replace('_', '-')}")
+    return chosen
 
 
 def why_unavailable() -> str | None:
-    """Why the kernel cannot run in this process (None when it can); builds it on the first call."""
+    """Why the kernel cannot run in this process (None when it can); builds it on the first call. A bad
+    ``$TRNMODELS_BF16_GEMM_ISA`` raises ``ConfigError`` (``isa``)."""
     name = isa()
     if name is None:
         return "this CPU has neither AVX512-BF16 nor AVX2"
-    if name not in ISA_FLAGS:
-        return f"{ISA_ENV_VAR}={name!r} is not one of {', '.join(ISA_FLAGS)}"
-    if not _cpu_has(name):
-        return f"{ISA_ENV_VAR}={name!r}, but this CPU has no {name.upper().replace('_', '-')}"
     return _load(name)
 
 
