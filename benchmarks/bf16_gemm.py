@@ -79,7 +79,7 @@ def gemms(
     ``F.linear`` on this CPU, if they do (then vLLM is not timed apart: its figures are ``F.linear``'s)."""
     from trnmodels.core.cpu import bf16_gemm
     from trnmodels.core.cpu.packed_layers import core_gemm
-    from trnmodels.core.vllm.packed_linear import vllm_gemm
+    from trnmodels.core.vllm.packed_linear import VLLM_FALLS_BACK, vllm_gemm
 
     reason = bf16_gemm.why_unavailable()
     if reason is not None:
@@ -92,7 +92,7 @@ def gemms(
             raise SystemExit(f"core: {why}")
         chosen["core"].append(gemm)
         gemm, why = vllm_gemm(w)
-        if gemm is None and why is not None and why.endswith("fell back to F.linear for it"):
+        if gemm is None and why == VLLM_FALLS_BACK:
             falls_back = why
         elif gemm is None:
             raise SystemExit(f"vllm: {why}")

@@ -53,6 +53,11 @@ def gemm_setting() -> str:
     return choice
 
 
+# Why ``vllm_gemm`` gives no GEMM where vLLM's dispatch hands back ``F.linear`` (no packed BF16 GEMM here).
+_FALLS_BACK = "fell back to F.linear for it"
+VLLM_FALLS_BACK = f"vLLM's GEMM {_FALLS_BACK}"
+
+
 def vllm_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
     """vLLM's CPU GEMM for ``weight`` as its own linear layers choose it (``x -> x @ weight.T``), or
     None and why not: vLLM falls back to ``F.linear``, or its GEMM disagrees with ``F.linear`` on a
@@ -65,7 +70,7 @@ def vllm_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
     run = layer.cpu_linear
     # A packed GEMM holds its own copy and ignores the weight argument; F.linear needs it.
-    return checked(lambda x: run(x, None, None), weight, "vLLM's GEMM", "fell back to F.linear for it")
+    return checked(lambda x: run(x, None, None), weight, "vLLM's GEMM", _FALLS_BACK)
 
 
 def pack_linear_layers(model: nn.Module) -> tuple[int, list[str]]:
