@@ -440,3 +440,35 @@ def test_bf16_attention_matmuls_run_in_fp32_on_a_cpu_without_bf16_arithmetic(mon
     assert select_backend("attention_matmul", a.float(), b.float()) == "torch"
     monkeypatch.setattr(cpu_linear, "_BF16_IN_HARDWARE", True)
     assert select_backend("attention_matmul", a, b) == "torch"
+
+
+def test_a_graph_converts_the_transposed_keys_in_their_memory_order():
+    """The scores' keys reach the kernel as ``k.transpose(-1, -2)`` of a gather from the paged cache. Compiled,
+    their conversion to FP32 must write the keys as they lie, ``[..., context, D]``, and the batched matmul
+    read them transposed. Inductor otherwise allocates the transposed shape ``[..., D, context]`` and fills
+    it one strided element at a time from the cache."""
+    from torch._inductor.utils import run_and_get_code
+
+    from trnmodels.core.cpu.attention import attention_matmul as kernel
+
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(16, 2, 8, 64, generator=gen).bfloat16()  # [blocks, KV heads, block size, D]
+    q = torch.randn(2, 2, 3, 64, generator=gen).bfloat16()  # [batch, KV heads, queries per head, D]
+    tables = torch.tensor([[5, 1], [9, 12]], dtype=torch.int64)
+
+    def keys(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        # The reference's gather: [batch, blocks, KV heads, block size, D] to [batch * KV heads, context, D].
+        k = cache.index_select(0, tables.flatten()).view(2, 2, 2, 8, 64).transpose(1, 2)
+        return k.reshape(2, 2, 16, 64)
+
+    def scores(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        return kernel(q, keys(cache, tables).transpose(-1, -2))
+
+    torch._dynamo.reset()
+    got, code = run_and_get_code(torch.compile(scores, backend="inductor", fullgraph=True), q, cache, tables)
+    wrapper = "".join(code)
+    assert "empty_strided_cpu((2, 2, 16, 64)" in wrapper and "empty_strided_cpu((2, 2, 64, 16)" not in wrapper
+    k = keys(cache, tables).double()
+    truth = q.double() @ k.mT
+    slack = 64 * 2**-24 * (q.double().abs() @ k.abs().mT)
+    assert ((got.double() - truth).abs() <= 2**-8 * truth.abs() + slack).all()
