@@ -114,8 +114,10 @@ def attention_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _to_float_in_memory_order(x: torch.Tensor) -> torch.Tensor:
     """``x.float()``, converted in the order ``x`` lies in memory when it is a transposed view (the scores'
-    ``k.transpose(-1, -2)``). A graph otherwise converts into the transposed shape's own contiguous
-    layout, gathering each key's elements one by one from the paged cache."""
+    ``k.transpose(-1, -2)``), so that the matmul reads the result transposed. A graph otherwise converts
+    into the transposed shape's own contiguous layout, filling it one strided element at a time from the
+    paged cache: the llama3 bench model's compiled BF16 decode step at batch 8 took 17.6 ms that way and
+    16.7 ms this way (medians of 9 rounds taking turns, AMD Zen 3, 2 threads)."""
     if x.dim() >= 2 and x.stride(-2) == 1 and x.stride(-1) != 1:
         return x.mT.float().mT
     return x.float()

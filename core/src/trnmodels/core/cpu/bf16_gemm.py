@@ -11,10 +11,10 @@ by ``VDPBF16PS`` arithmetic and run as fast (0.94-1.07x; ``docs/benchmarks/bf16-
 
 A CPU without AVX512-BF16 has no BF16 arithmetic. On an AVX2 one (an AMD Zen 3 here) torch's BF16
 ``F.linear`` converts inside its inner loop, and vLLM's oneDNN matmul cannot be built for BF16, so vLLM
-falls back to ``F.linear``: on the same weights it read 15.8 GB/s at one row and 2.3 at eight, a 33.3 GB/s read
+falls back to ``F.linear``: on the same weights it read 14.0 GB/s at one row and 2.1 at eight, a 30.8 GB/s read
 stream. The AVX2 build reads the same packed weight. It widens each BF16 pair to FP32 in registers
 (a mask and a shift), then does two FMAs in ``VDPBF16PS``'s order; rows share a load two at a time.
-It read 20.3 GB/s at one row, 11.7 at eight, and 5.1-7.3x ``F.linear`` from 8 to 512 rows
+It read 22.0 GB/s at one row, 10.2 at eight, and 4.9-7.6x ``F.linear`` from 8 to 512 rows
 (``docs/benchmarks/bf16-gemm-avx2.md``).
 
 The kernel is compiled with the host's C++ compiler the first time a process needs it (about 15 s here,
