@@ -457,7 +457,7 @@ def test_a_graph_converts_the_transposed_keys_in_their_memory_order():
     tables = torch.tensor([[5, 1], [9, 12]], dtype=torch.int64)
 
     def keys(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        # The reference's gather: [batch, blocks, KV heads, block size, D] to [batch * KV heads, context, D].
+        # The reference's gather: [batch, blocks, KV heads, block size, D] to [batch, KV heads, context, D].
         k = cache.index_select(0, tables.flatten()).view(2, 2, 2, 8, 64).transpose(1, 2)
         return k.reshape(2, 2, 16, 64)
 
