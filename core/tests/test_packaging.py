@@ -52,9 +52,8 @@ print(json.dumps({
     "namespace_path": list(trnmodels.__path__),
     "modules": mods,
     "entry_points": {ep.name: ep.value for ep in md.entry_points(group="trnmodels.models")},
-    # cpu.bf16_gemm builds from SOURCE = <its folder>/csrc/bf16_gemm.cpp (found without importing torch).
-    "kernel_source": importlib.util.find_spec("trnmodels.core.cpu").submodule_search_locations[0]
-    + "/csrc/bf16_gemm.cpp",
+    # cpu.extension builds from SOURCES = <its folder>/csrc/*.cpp (found without importing torch).
+    "kernel_sources": importlib.util.find_spec("trnmodels.core.cpu").submodule_search_locations[0] + "/csrc",
 }))
 """
 
@@ -88,10 +87,13 @@ def test_members_share_one_namespace_in_site_packages(installed):
         assert Path(file).resolve().is_relative_to(site / "trnmodels"), f"{module} imported from {file}"
 
 
-def test_the_cpu_kernels_c_source_ships_where_the_module_builds_it_from(installed):
-    source = Path(installed["kernel_source"])
-    assert source.is_file() and source.resolve().is_relative_to(Path(installed["site"]).resolve())
-    assert source.read_bytes() == (ROOT / "core/src/trnmodels/core/cpu/csrc/bf16_gemm.cpp").read_bytes()
+def test_the_cpu_kernels_c_sources_ship_where_the_module_builds_them_from(installed):
+    folder = Path(installed["kernel_sources"])
+    assert folder.resolve().is_relative_to(Path(installed["site"]).resolve())
+    sources = sorted((ROOT / "core/src/trnmodels/core/cpu/csrc").glob("*.cpp"))
+    assert {s.name for s in sources} >= {"bf16_gemm.cpp", "decode_attention.cpp"}
+    for source in sources:
+        assert (folder / source.name).read_bytes() == source.read_bytes(), source.name
 
 
 def test_entry_points(installed):

@@ -9,6 +9,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager
 
 from trnmodels.core.accuracy.three_way import assert_close_three_way
+from trnmodels.core.cpu import extension
 from trnmodels.core.ops import attention, decode_attention, prefill_attention
 from trnmodels.core.ops.dispatch import select_backend
 
@@ -242,9 +243,34 @@ def test_decode_matches_prefill_last_token(opts, hkv):
             torch.testing.assert_close(plain[b], hf[-1])
 
 
+def _skip_without_core_kernel() -> None:
+    reason = extension.why_unavailable()
+    if reason is not None:
+        pytest.skip(f"core's C++ kernels cannot run here: {reason}")
+
+
+@pytest.fixture(params=["core", "sdpa"])
+def decode_kernel(request, monkeypatch):
+    """Which CPU kernel runs ``decode_attention``: core's C++ kernel, or, as where core's library cannot be
+    built, the eager fallback through torch's fused attention."""
+    if request.param == "core":
+        _skip_without_core_kernel()
+    else:
+        monkeypatch.setattr(
+            extension, "why_unavailable", lambda: "not built (the test asks for the fallback)"
+        )
+    return request.param
+
+
+@pytest.fixture
+def core_kernel():
+    """Core's C++ kernel runs ``decode_attention``."""
+    _skip_without_core_kernel()
+
+
 @pytest.mark.parametrize("opts", [{}, {"sliding_window": 3}], ids=["causal", "sliding"])
 @torch.no_grad()
-def test_decode_cpu_kernel_reads_only_the_blocks_the_batch_filled(monkeypatch, opts):
+def test_decode_cpu_kernel_reads_only_the_blocks_the_batch_filled(monkeypatch, opts, decode_kernel):
     """A context bucket wider than the batch: its extra columns point at a block of NaN. The reference
     multiplies their zero weights by NaN; the kernel leaves the blocks out and matches the prefill."""
     h = 8
@@ -269,18 +295,25 @@ def _floats_as(dtype: torch.dtype, tensors: tuple[torch.Tensor, ...]) -> tuple[t
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
-@pytest.mark.parametrize("opts", [{}, {"sliding_window": 3}], ids=["causal", "sliding"])
+@pytest.mark.parametrize(
+    "opts",
+    [{}, {"sliding_window": 3}, {"softcap": 4.0, "sinks": True}, {"sliding_window": 5, "sinks": True}],
+    ids=["causal", "sliding", "sinks+softcap", "sliding+sinks"],
+)
 @pytest.mark.parametrize(
     "lens", [(6, 11), (7, 7), (8, 8), (1, 12)], ids=["ragged", "equal", "block-aligned", "one-token"]
 )
 @pytest.mark.parametrize("hkv", [2, 1], ids=["GQA", "MQA"])
 @torch.no_grad()
-def test_decode_cpu_kernel_matches_the_reference_fp32_and_bf16(opts, lens, hkv):
-    """The fused kernel (torch's attention over the live blocks) against the reference: FP32 as close as
-    the reference is to a float64 truth, BF16 within the three-way bounds of the reference's own BF16
-    error. Equal lengths take the unmasked path, ragged ones and a window the masked one."""
+def test_decode_cpu_kernel_matches_the_reference_fp32_and_bf16(opts, lens, hkv, decode_kernel):
+    """Each kernel against the reference: FP32 as close as the reference is to a float64 truth, BF16
+    within the three-way bounds of the reference's own BF16 error. The fallback's equal lengths take its
+    unmasked path, ragged ones and a window the masked one; softcapping and sinks its reference."""
     h = 8
     seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(h, hkv, seed=5, lens=lens)
+    opts = dict(opts)
+    if opts.pop("sinks", False):
+        opts["sinks"] = torch.randn(h)
     q_last = torch.stack([q[-1] for q, _, _ in seqs])
     args = (q_last, k_cache, v_cache, block_tables, context_lens)
     assert select_backend("decode_attention", *args) == "cpu"
@@ -290,15 +323,17 @@ def test_decode_cpu_kernel_matches_the_reference_fp32_and_bf16(opts, lens, hkv):
     assert (kernel.double() - truth).abs().max() <= 2 * (reference.double() - truth).abs().max() + 1e-6
     torch.testing.assert_close(kernel, reference)
     bf16 = _floats_as(torch.bfloat16, args)
-    target = decode_attention(*bf16, scale=SCALE, **opts)
+    bf16_opts = {**opts, "sinks": opts["sinks"].bfloat16()} if "sinks" in opts else opts
+    target = decode_attention(*bf16, scale=SCALE, **bf16_opts)
     assert target.dtype == torch.bfloat16
-    expected = decode_attention.reference(*_floats_as(torch.float64, bf16), scale=SCALE, **opts)
-    baseline = decode_attention.reference(*bf16, scale=SCALE, **opts)
+    f64_opts = {**opts, "sinks": bf16_opts["sinks"].double()} if "sinks" in opts else opts
+    expected = decode_attention.reference(*_floats_as(torch.float64, bf16), scale=SCALE, **f64_opts)
+    baseline = decode_attention.reference(*bf16, scale=SCALE, **bf16_opts)
     assert_close_three_way(target, expected, baseline, name="decode attention cpu kernel bf16")
 
 
 @torch.no_grad()
-def test_decode_cpu_kernel_cuts_positions_past_the_longest_context():
+def test_decode_cpu_kernel_cuts_positions_past_the_longest_context(decode_kernel):
     """Positions past every row's length inside the last live block are left out, not masked: NaN there
     (a block's unwritten tail may hold anything) reaches neither row, where the reference's masked
     weights multiply it."""
@@ -315,6 +350,68 @@ def test_decode_cpu_kernel_cuts_positions_past_the_longest_context():
         .isnan()
         .all()
     )
+
+
+@pytest.mark.parametrize("d, dv", [(20, 20), (136, 136), (64, 72), (3, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_core_decode_kernel_head_sizes_off_its_vector_width(d, dv, dtype, core_kernel):
+    """Head sizes that are not a whole number of its 8-lane vectors, or past its 64-column blocks, and a
+    value size unlike the key's: against the reference (three-way in BF16) and a hand computation."""
+    torch.manual_seed(11)
+    lens, h, hkv = (5, 13, 1), 6, 3
+    q = torch.randn(len(lens), h, d)
+    k_cache, v_cache = torch.randn(NUM_BLOCKS, hkv, BLOCK, d), torch.randn(NUM_BLOCKS, hkv, BLOCK, dv)
+    block_tables = torch.stack([torch.randperm(NUM_BLOCKS)[:4] for _ in lens])
+    args = (q, k_cache, v_cache, block_tables, torch.tensor(lens))
+    if dtype == torch.float32:
+        out = decode_attention(*args, scale=0.3)
+        for b, n in enumerate(lens):
+            keys = k_cache[block_tables[b]].transpose(0, 1).reshape(hkv, -1, d)[:, :n]
+            values = v_cache[block_tables[b]].transpose(0, 1).reshape(hkv, -1, dv)[:, :n]
+            k, v = keys.transpose(0, 1), values.transpose(0, 1)
+            hand = _hand(q[b][None], k, v, torch.ones(1, n, dtype=torch.bool), 0.3)[0]
+            torch.testing.assert_close(out[b], hand)
+    else:
+        bf16 = _floats_as(dtype, args)
+        expected = decode_attention.reference(*_floats_as(torch.float64, bf16), scale=0.3)
+        baseline = decode_attention.reference(*bf16, scale=0.3)
+        assert_close_three_way(decode_attention(*bf16, scale=0.3), expected, baseline, name="decode bf16")
+
+
+@torch.no_grad()
+def test_core_decode_kernel_names_a_bad_block_table_or_length(core_kernel):
+    """A block past the cache, or a length past the table, would read outside the cache: refused by name."""
+    seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(8, 2, seed=9)
+    q_last = torch.stack([q[-1] for q, _, _ in seqs])
+    bad = block_tables.clone()
+    bad[1, 2] = NUM_BLOCKS
+    with pytest.raises(RuntimeError, match=f"sequence 1 names block {NUM_BLOCKS} of a cache of {NUM_BLOCKS}"):
+        decode_attention(q_last, k_cache, v_cache, bad, context_lens, scale=SCALE)
+    too_long = torch.tensor([6, MAX_BLOCKS * BLOCK + 1])
+    with pytest.raises(
+        RuntimeError, match="sequence 1 has context length 13, more than its block table's 12"
+    ):
+        decode_attention(q_last, k_cache, v_cache, block_tables, too_long, scale=SCALE)
+
+
+@torch.no_grad()
+def test_core_decode_kernel_is_what_a_captured_graph_calls(decode_kernel):
+    """torch.export of a decode-attention call holds core's op where the library runs (the compiled decode
+    graphs call it), the reference's ops where it does not; both give the eager result."""
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k_cache, v_cache, block_tables, context_lens):
+            return decode_attention(
+                q, k_cache, v_cache, block_tables, context_lens, scale=SCALE, sliding_window=5
+            )
+
+    seqs, k_cache, v_cache, block_tables, context_lens = _paged_setup(8, 2, seed=12)
+    args = (torch.stack([q[-1] for q, _, _ in seqs]), k_cache, v_cache, block_tables, context_lens)
+    program = torch.export.export(Step(), args, strict=True)  # as the compile driver captures
+    calls_core = "trnmodels_cpu.decode_attention" in str(program.graph)
+    assert calls_core == (decode_kernel == "core")
+    torch.testing.assert_close(program.module()(*args), Step()(*args))
 
 
 # --------------------------------------------------------------------------------------------------

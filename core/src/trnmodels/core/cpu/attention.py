@@ -1,17 +1,26 @@
-"""Attention on the CPU: decode attention over the blocks a batch has filled, and unmasked batched
-attention, both through torch's fused kernel; and the reference's BF16 matmuls in FP32 where the CPU has
-no BF16 arithmetic (``attention_matmul``).
+"""Attention on the CPU: decode attention over a paged cache by core's C++ kernel, and unmasked batched
+attention through torch's fused kernel; and the reference's BF16 matmuls in FP32 where the CPU has no
+BF16 arithmetic (``attention_matmul``).
 
-``ops.decode_attention`` gathers and attends over every block of the bucket's block table, with a mask
-hiding the positions past each sequence's length: a static shape for a graph. Eagerly, the blocks past
-the batch's longest context are masked for every row, so they can be left out: the same softmax terms
-(a masked score's weight is exactly 0), over what the batch has filled instead of the bucket (at batch
-8, 64 of a 256-token bucket's positions on the bench). The reference's chain of about twenty small ops
-(two gathers and transposes, the mask, two batched matmuls, softmax) then cost more than the step's
-arithmetic: a layer of SmolLM2-135M at batch 1 and 65 cached tokens took 111 µs here against 11 µs for
-torch's fused attention alone. So the kernel gathers the live blocks (``ops.gather_paged``) and attends
-with ``F.scaled_dot_product_attention``, each group's query heads as query rows of their shared K/V
-head. Softcapping and sinks, which the fused kernel has no term for, keep the reference's arithmetic.
+``ops.decode_attention``'s reference gathers and attends over every block of the bucket's block table,
+with a mask hiding the positions past each sequence's length: a static shape for a graph, and a chain of
+about twenty small ops (two gathers and transposes, the mask, two batched matmuls, softmax). Captured in a
+decode graph, Inductor ran that chain at about 100 us a layer (the llama3 bench config at batch 1, hot in
+the caches, in every form it was given: MKL's batched matmuls, reductions, torch's fused attention;
+``docs/runner-and-compile.md``). Core's kernel (``csrc/decode_attention.cpp``, ``trnmodels_cpu::
+decode_attention``) reads each visible row of the cache in place instead, once per (sequence, KV head), a
+group's query heads against it while it is in the caches; it covers sliding windows, softcapping and
+sinks, in FP32 and BF16, with the reference's roundings. Static (it branches on no value a graph sees
+differently), so the compiled decode graphs call it as they call core's BF16 GEMM, and the cache keys on
+it (``graphs_run_core_attention``). One layer of that config, hot, ms a call (eager here, with its ~5 us
+of host work; the compiled reference with a compiled call's ~45 us): batch 1 and 70 cached tokens, 0.02-0.03
+against 0.23 compiled; batch 8, 0.08-0.13 against 0.64-0.71.
+
+Where the library cannot be built, eager calls gather the blocks the batch has filled
+(``ops.gather_paged``) and attend with ``F.scaled_dot_product_attention``: the same softmax terms as the
+reference's over the whole bucket (a masked score's weight is exactly 0), each group's query heads as query
+rows of their shared K/V head; softcapping and sinks, which the fused kernel has no term for, keep the
+reference's arithmetic. Graphs then keep the reference.
 """
 
 from __future__ import annotations
@@ -24,8 +33,8 @@ import torch.nn.functional as F
 from ..kv_cache import cache_rows
 from ..ops.attention import decode_attention as reference_op
 from ..ops.attention import decode_visible
-from ..ops.dispatch import register_cpu
-from . import linear
+from ..ops.dispatch import cpu_kernel_enabled, register_cpu
+from . import extension, linear
 
 
 def decode_attention(
@@ -40,7 +49,15 @@ def decode_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``ops.decode_attention`` over the first ``ceil(max(context_lens) / block_size)`` blocks."""
+    """``ops.decode_attention`` by core's kernel where it runs; else, eagerly, over the first
+    ``ceil(max(context_lens) / block_size)`` blocks, and in a graph by the reference."""
+    if _core_kernel_fits(q, k_cache, v_cache, sinks):
+        return torch.ops.trnmodels_cpu.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0, softcap or 0.0, sinks
+        )
+    if torch.compiler.is_compiling():
+        options = dict(scale=scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks)
+        return reference_op.reference(q, k_cache, v_cache, block_tables, context_lens, **options)
     lens = tuple(max(n, 1) for n in context_lens.tolist())
     longest = max(lens)
     _, hkv, block_size, d = k_cache.shape
@@ -96,7 +113,41 @@ def _gather_plan(
     return rows, visible
 
 
-register_cpu("decode_attention", decode_attention)
+def _core_kernel_fits(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None
+) -> bool:
+    return (
+        q.dtype in (torch.float32, torch.bfloat16)
+        and q.dtype == k_cache.dtype == v_cache.dtype
+        and q.dim() == 3
+        and k_cache.dim() == v_cache.dim() == 4
+        and k_cache.shape[-1] == q.shape[-1]
+        and k_cache.stride(-1) == v_cache.stride(-1) == 1
+        and (sinks is None or sinks.numel() == q.shape[1])
+        and _core_library_runs()
+    )
+
+
+# A capture calls it once, not traces it: the answer is the process's, and a capture must not build.
+@torch.compiler.assume_constant_result
+def _core_library_runs() -> bool:
+    return extension.why_unavailable() is None
+
+
+def _attention_shape(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *_: object
+) -> torch.Tensor:
+    return q.new_empty((*q.shape[:2], v_cache.shape[-1]))
+
+
+extension.register_fake("decode_attention", _attention_shape)
+register_cpu("decode_attention", decode_attention, in_graphs=True)
+
+
+def graphs_run_core_attention() -> bool:
+    """Whether the decode graphs captured here call core's decode-attention kernel: its CPU kernel on, and
+    core's C++ library able to run on this CPU. The compile cache keys on it."""
+    return cpu_kernel_enabled("decode_attention") and extension.why_unavailable() is None
 
 
 def attention_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
