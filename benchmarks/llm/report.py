@@ -221,7 +221,7 @@ def _why_decode(r: View) -> str:
         text += (
             f"Reaching it means a step of {1000 / need:.1f} ms, leaving {1000 / need - 1000 / roof:.1f} ms "
             "beyond streaming the weights at full copy bandwidth for everything else a step does (attention "
-            "over the context bucket, norms, sampling, the runner's host-side bookkeeping). "
+            "over the cached context, norms, sampling, the runner's host-side bookkeeping). "
         )
     if r["checkpoint"].get("experts"):
         return text + (
@@ -244,7 +244,7 @@ def _why_roofline(r: View) -> str:
         f"{r['bandwidth_bytes_per_s'] / GB:.1f} GB/s measured in this run takes {roof:.1f} ms; our compiled "
         f"step took {ours:.1f} ms ({ours - roof:.1f} ms more), HF's eager step {hf:.1f} ms. "
         f"{ROOFLINE_SHARE:.0%} of the roofline is a step of {need:.1f} ms: {need - roof:.1f} ms for all "
-        "that is not streaming weights (attention over the context bucket, norms, rotary, sampling, the "
+        "that is not streaming weights (attention over the cached context, norms, rotary, sampling, the "
         "runner's host-side bookkeeping), and the matrix-vector products streaming at full copy "
         "bandwidth"
     )
@@ -270,8 +270,8 @@ def _decode_split_text(r: View, split: Mapping[str, Any], step_ms: float) -> str
         f"layer's weight and the LM head's against one row: {split['matrices']} matrices, "
         f"{_mb(split['matrix_bytes'])}; core's one-row linear in one graph compiled as the decode graphs "
         f"are) took {products:.1f} ms, reading at {products_rate / GB:.1f} GB/s, "
-        f"{products_rate / read:.0%} of the stream; the rest of the graph (attention over the context "
-        f"bucket, norms, rotary, sampling) took the other {graph - products:.1f} ms."
+        f"{products_rate / read:.0%} of the stream; the rest of the graph (attention over the cached "
+        f"context, norms, rotary, sampling) took the other {graph - products:.1f} ms."
     )
 
 
@@ -289,8 +289,9 @@ def _why_decode_vs_hf(r: View, mode: str, batch: int, factor: float) -> str:
     if mode == "ours_compiled":
         context = r["runner"]["context_len_buckets"][-1]
         text += (
-            f" Every step of the compiled graphs attends over the whole context bucket, {context} positions "
-            "(static shapes), where HF attends over each batch's real length."
+            f" The compiled graphs' shapes are static, the context bucket's {context} positions; their "
+            "attention reads each sequence's real length where core's decode-attention kernel runs (the "
+            "whole bucket where it cannot be built), as HF attends over each batch's real length."
         )
     if r["checkpoint"].get("experts") and mode == "ours_eager":
         text += (

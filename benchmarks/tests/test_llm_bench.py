@@ -232,7 +232,7 @@ def test_the_roofline_section_splits_the_step_when_the_run_timed_its_pieces() ->
         "at 25.0 GB/s, 78% of that stream. Of it, the matrix-vector products alone (every linear layer's "
         "weight and the LM head's against one row: 33 matrices, 280 MB; core's one-row linear in one graph "
         "compiled as the decode graphs are) took 10.0 ms, reading at 28.0 GB/s, 88% of the stream; the "
-        "rest of the graph (attention over the context bucket, norms, rotary, sampling) took the other "
+        "rest of the graph (attention over the cached context, norms, rotary, sampling) took the other "
         "2.0 ms."
     ) in page
     assert "does not quite reach" not in page
@@ -377,7 +377,8 @@ def test_markdown_has_every_figure_and_explains_each_miss() -> None:
     assert "our compiled step took 16.7 ms (4.2 ms more)" in page and "a step of 14.7 ms: 2.2 ms" in page
     # Compiled at batch 8: 8 × 1000 / 158 = 50.6 ms a step; 1.2× HF's 204 tok/s is a step of 32.7 ms.
     assert "Ours took 50.6 ms per decode step at batch 8, HF 39.2 ms; 1.2× HF needs 32.7 ms." in page
-    assert "attends over the whole context bucket" in page and "MoE section" not in page
+    assert "attention reads each sequence's real length where core's decode-attention kernel" in page
+    assert "MoE section" not in page
     # Set-up 60 - median(55, 35) = 15 s; graph work 45, 55, 35 = 135 s in queues of at best 80 s (45 + 35 | 55).
     assert "the run 150.0 s (the first graph also paid the process's one-time set-up, about 15.0 s" in page
     assert "1.7× that speed is 88.2 s" in page
