@@ -77,11 +77,11 @@ def gemms(
 ) -> tuple[dict[str, list[Callable[[torch.Tensor], torch.Tensor]]], str | None]:
     """Each GEMM compared, one callable ``x -> x @ w.T`` per weight; and why vLLM's own layers run
     ``F.linear`` on this CPU, if they do (then vLLM is not timed apart: its figures are ``F.linear``'s)."""
-    from trnmodels.core.cpu import bf16_gemm
+    from trnmodels.core.cpu import extension
     from trnmodels.core.cpu.packed_layers import core_gemm
     from trnmodels.core.vllm.packed_linear import VLLM_FALLS_BACK, vllm_gemm
 
-    reason = bf16_gemm.why_unavailable()
+    reason = extension.why_unavailable()
     if reason is not None:
         raise SystemExit(f"core's BF16 GEMM cannot run here: {reason}")
     chosen: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {"core": [], "vllm": [], "F.linear": []}
@@ -322,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         **measure(bench_weights(args.plugin), args.rounds),
     }
-    from trnmodels.core.cpu import bf16_gemm
+    from trnmodels.core.cpu import extension
 
-    results["core_isa"] = bf16_gemm.isa()
+    results["core_isa"] = extension.isa()
     print("[bench-gemm] the runner's eager BF16 decode", file=sys.stderr, flush=True)
     results["runner"] = runner_decode(args.plugin)
     write_page(results, args.out)

@@ -393,6 +393,18 @@ def test_core_decode_kernel_names_a_bad_block_table_or_length(core_kernel):
         RuntimeError, match="sequence 1 has context length 13, more than its block table's 12"
     ):
         decode_attention(q_last, k_cache, v_cache, block_tables, too_long, scale=SCALE)
+    # Under a sliding window of 3, sequence 1 (11 positions) reads only its third block: the first two
+    # are neither read nor checked, and a bad one in the window is still refused.
+    outside = block_tables.clone()
+    outside[1, :2] = NUM_BLOCKS
+    torch.testing.assert_close(
+        decode_attention(q_last, k_cache, v_cache, outside, context_lens, scale=SCALE, sliding_window=3),
+        decode_attention(q_last, k_cache, v_cache, block_tables, context_lens, scale=SCALE, sliding_window=3),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(RuntimeError, match=f"sequence 1 names block {NUM_BLOCKS} of a cache of {NUM_BLOCKS}"):
+        decode_attention(q_last, k_cache, v_cache, bad, context_lens, scale=SCALE, sliding_window=3)
 
 
 @torch.no_grad()

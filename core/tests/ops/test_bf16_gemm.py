@@ -20,7 +20,7 @@ from trnmodels.core.errors import ConfigError
 from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers
 
 pytestmark = pytest.mark.skipif(
-    bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
+    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
 )
 
 
@@ -110,12 +110,12 @@ def test_the_bridge_chooses_core_s_gemm_unless_told_and_refuses_a_bad_setting(mo
 
 def test_a_lock_file_left_by_a_killed_build_does_not_block_the_next(tmp_path):
     """torch's extension builder waits forever on a ``lock`` file its killed predecessor left behind."""
-    folder = extension.build_dir(bf16_gemm.isa())
+    folder = extension.build_dir(extension.isa())
     cache = tmp_path / "cache"
     copy = cache / folder.relative_to(folder.parents[3])
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.lock", "lock"))
     (copy / "lock").touch()
-    probe = "from trnmodels.core.cpu import bf16_gemm; print(bf16_gemm.why_unavailable())"
+    probe = "from trnmodels.core.cpu import extension; print(extension.why_unavailable())"
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
@@ -127,19 +127,19 @@ def test_a_bad_isa_setting_is_refused_by_name(monkeypatch):
     with pytest.raises(
         ConfigError, match=r"TRNMODELS_BF16_GEMM_ISA: expected one of avx512_bf16, avx2, got 'avx-2'"
     ):
-        bf16_gemm.why_unavailable()
+        extension.why_unavailable()
     missing = [name for name in extension.ISA_FLAGS if not extension._cpu_has(name)]
     if missing:
         monkeypatch.setenv(extension.ISA_ENV_VAR, missing[0])
         with pytest.raises(ConfigError, match=f"TRNMODELS_BF16_GEMM_ISA={missing[0]}: this CPU has no "):
-            bf16_gemm.why_unavailable()
+            extension.why_unavailable()
 
 
 @pytest.mark.parametrize("isa", list(extension.ISA_FLAGS))
 def test_every_build_this_cpu_can_run_matches_the_truth(isa):
     """The build this process loaded is the tests above; each other build this CPU can run (the AVX2 one
     on a CPU with AVX512-BF16) runs them in a process of its own."""
-    if isa == bf16_gemm.isa():
+    if isa == extension.isa():
         pytest.skip(f"the {isa} build is this process's, tested above")
     if not extension._cpu_has(isa):
         pytest.skip(f"this CPU cannot run the {isa} build")

@@ -13,7 +13,7 @@ from trnmodels.core.causal_lm import build_model
 from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_graphs
 from trnmodels.core.compile.driver import compile_module, graph_key
 from trnmodels.core.compile.load import load_compiled_module
-from trnmodels.core.cpu import bf16_gemm
+from trnmodels.core.cpu import extension
 from trnmodels.core.cpu.packed import packed_gemm, released
 from trnmodels.core.cpu.packed_layers import PACKED_BUFFER, graphs_run_core_gemm, pack_for_graphs
 from trnmodels.core.errors import InputError
@@ -31,7 +31,7 @@ from trnmodels.core.runner.graphs import all_graph_specs
 from trnmodels.core.runtime_config import NeuronConfig
 
 needs_kernel = pytest.mark.skipif(
-    bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
+    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
 )
 RUNNER = RunnerConfig(
     max_num_seqs=2,
@@ -144,8 +144,8 @@ def test_the_cache_key_says_whether_graphs_call_core_s_gemm(llama_checkpoint, mo
     spec = all_graph_specs(RUNNER)[0]
     assert graph_key(fp32, spec)[1]["compiler_flags"]["core_bf16_gemm"] is False
     on = graph_key(bf16, spec)
-    assert on[1]["compiler_flags"]["core_bf16_gemm"] is (bf16_gemm.why_unavailable() is None)
-    monkeypatch.setattr(bf16_gemm, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
+    assert on[1]["compiler_flags"]["core_bf16_gemm"] is (extension.why_unavailable() is None)
+    monkeypatch.setattr(extension, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
     off = graph_key(bf16, spec)
     assert off[1]["compiler_flags"]["core_bf16_gemm"] is False
     assert (off[0] != on[0]) is on[1]["compiler_flags"]["core_bf16_gemm"]

@@ -16,7 +16,7 @@ from trnmodels.core.accuracy.logits import hf_logits
 from trnmodels.core.accuracy.three_way import assert_close_three_way
 from trnmodels.core.causal_lm import build_model
 from trnmodels.core.compile import CompileTarget, load_compiled_graphs, runner_graphs
-from trnmodels.core.cpu import bf16_gemm, packed_layers
+from trnmodels.core.cpu import extension, packed_layers
 from trnmodels.core.cpu.packed import packed_gemm, released
 from trnmodels.core.errors import InputError
 from trnmodels.core.finite import non_finite_weight
@@ -27,7 +27,7 @@ from trnmodels.core.runner.score import teacher_forced_logits
 from trnmodels.core.runtime_config import NeuronConfig
 
 needs_kernel = pytest.mark.skipif(
-    bf16_gemm.why_unavailable() is not None, reason=f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}"
+    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
 )
 RUNNER = RunnerConfig(max_num_seqs=2, max_model_len=64, block_size=16)
 
@@ -111,7 +111,7 @@ def test_an_fp32_model_is_left_alone_and_nothing_is_built(llama_checkpoint, monk
     def no_build() -> str:
         raise AssertionError("the kernel was asked for, with no BF16 weight")
 
-    monkeypatch.setattr(bf16_gemm, "why_unavailable", no_build)
+    monkeypatch.setattr(extension, "why_unavailable", no_build)
     model = build_model(str(llama_checkpoint), NeuronConfig(), progress=False)
     before = {n: m.weight.detach().clone() for n, m in linear_modules(model).items()}
     with caplog.at_level(logging.INFO, logger=packed_layers.__name__):
@@ -126,7 +126,7 @@ def test_a_bf16_model_core_s_gemm_cannot_take_runs_f_linear_and_says_why(
     llama_checkpoint, monkeypatch, caplog, why
 ):
     if why == "kernel":
-        monkeypatch.setattr(bf16_gemm, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
+        monkeypatch.setattr(extension, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
         reason = "core's BF16 GEMM cannot run: this CPU has no AVX512-BF16"
     else:
         monkeypatch.setenv("TRNMODELS_CPU_KERNELS", "rms_norm")

@@ -12,7 +12,7 @@ from test_real_weights import QUESTION, smollm2  # noqa: F401 (a fixture)
 from torch import nn
 from vllm_harness import run_offline
 
-from trnmodels.core.cpu import bf16_gemm
+from trnmodels.core.cpu import extension
 from trnmodels.core.parallel import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -38,8 +38,8 @@ def why_vllm_cannot_pack() -> str | None:
 @pytest.fixture(autouse=True, params=["core", "vllm"])
 def gemm(request, monkeypatch):
     """Every test runs with each GEMM the bridge can pack for on this CPU."""
-    if request.param == "core" and bf16_gemm.why_unavailable() is not None:
-        pytest.skip(f"core's BF16 GEMM: {bf16_gemm.why_unavailable()}")
+    if request.param == "core" and extension.why_unavailable() is not None:
+        pytest.skip(f"core's BF16 GEMM: {extension.why_unavailable()}")
     if request.param == "vllm" and (why := why_vllm_cannot_pack()) is not None:
         pytest.skip(f"vLLM has no packed BF16 GEMM on this CPU: {why}")
     monkeypatch.setenv(GEMM_ENV_VAR, request.param)

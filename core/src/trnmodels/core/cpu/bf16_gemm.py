@@ -18,7 +18,7 @@ It read 22.0 GB/s at one row, 10.2 at eight, and 4.9-7.6x ``F.linear`` from 8 to
 (``docs/benchmarks/bf16-gemm-avx2.md``).
 
 The kernel is part of core's C++ library (``extension``: built once per instruction set and cached;
-``why_unavailable`` says why it cannot run). ``TRNMODELS_BF16_GEMM_ISA=avx2`` runs the AVX2 build on a CPU
+``extension.why_unavailable`` says why it cannot run). ``TRNMODELS_BF16_GEMM_ISA=avx2`` runs the AVX2 build on a CPU
 with AVX512-BF16 (to bisect a difference, and so that its tests run there).
 """
 
@@ -27,10 +27,6 @@ from __future__ import annotations
 import torch
 
 from . import extension
-
-# The GEMM runs wherever the library does: its build and instruction set are the library's.
-isa = extension.isa
-why_unavailable = extension.why_unavailable
 
 
 def _gemm_shape(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -52,6 +48,6 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _require() -> None:
-    reason = why_unavailable()
+    reason = extension.why_unavailable()
     if reason is not None:
         raise RuntimeError(f"core's BF16 GEMM cannot run: {reason}")

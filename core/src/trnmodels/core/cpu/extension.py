@@ -23,6 +23,7 @@ import torch
 from filelock import FileLock
 
 from ..errors import ConfigError
+from ..ops.dispatch import environ_reader
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma"],
 }
 ISA_ENV_VAR = "TRNMODELS_BF16_GEMM_ISA"  # one of ISA_FLAGS: that build, to bisect or to test it
+_read_isa_setting = environ_reader(ISA_ENV_VAR)
 
 # The shapes of the library's ops for tracing, registered once the library is loaded: (op, fake).
 _FAKES: list[tuple[str, Callable[..., torch.Tensor]]] = []
@@ -73,11 +75,16 @@ def isa() -> str | None:
 
 def why_unavailable() -> str | None:
     """Why the library cannot run in this process (None when it can); builds it on the first call. A bad
-    ``$TRNMODELS_BF16_GEMM_ISA`` raises ``ConfigError`` (``isa``)."""
-    name = isa()
-    if name is None:
-        return "this CPU has neither AVX512-BF16 nor AVX2"
-    return _load(name)
+    ``$TRNMODELS_BF16_GEMM_ISA`` raises ``ConfigError`` (``isa``).
+
+    Asked on every eager decode-attention call, so the answer is kept and worked out again only when
+    ``$TRNMODELS_BF16_GEMM_ISA`` changes: reading it and the CPU's flags each time cost 2-4 us a call."""
+    global _answer
+    setting = _read_isa_setting()
+    if _answer is None or _answer[0] != setting:
+        name = isa()  # raises on a bad setting, and nothing is kept
+        _answer = (setting, "this CPU has neither AVX512-BF16 nor AVX2" if name is None else _load(name))
+    return _answer[1]
 
 
 @functools.cache
@@ -116,3 +123,5 @@ def _load(name: str) -> str | None:
 
 
 _loaded: str | None = None  # the build this process holds: both define the same ops
+# ($TRNMODELS_BF16_GEMM_ISA, ``why_unavailable``'s answer for it).
+_answer: tuple[bytes | str | None, str | None] | None = None

@@ -31,7 +31,7 @@ from torch import nn
 from ..errors import InputError
 from ..ops.dispatch import cpu_kernel_enabled
 from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
-from . import bf16_gemm
+from . import bf16_gemm, extension
 from .packed import PackedGemm, pack, packed_gemm, released
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def why_not_packed(weight: torch.Tensor) -> str | None:
 def core_gemm(weight: torch.Tensor) -> tuple[PackedGemm | None, str | None]:
     """Core's BF16 GEMM for ``weight`` (``x -> x @ weight.T``), holding its own packed copy, or None and why
     not (it cannot run here, or disagrees with ``F.linear`` on a probe row)."""
-    reason = bf16_gemm.why_unavailable()
+    reason = extension.why_unavailable()
     if reason is not None:
         return None, f"core's BF16 GEMM cannot run: {reason}"
     packed, n = bf16_gemm.pack(weight), weight.shape[0]
@@ -129,7 +129,7 @@ def graphs_run_core_gemm(dtype: torch.dtype | str) -> bool:
     compile cache keys on it, and binding a model to graphs packs it the same way."""
     if str(dtype).removeprefix("torch.") != "bfloat16" or not cpu_kernel_enabled("linear"):
         return False
-    return bf16_gemm.why_unavailable() is None
+    return extension.why_unavailable() is None
 
 
 PACKED_BUFFER = "packed_weight"

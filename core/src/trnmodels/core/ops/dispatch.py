@@ -62,6 +62,14 @@ _ENVIRON_BYTES: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) i
 _ENCODED_NAMES = (ENV_VAR.encode(), CPU_KERNELS_ENV_VAR.encode())
 
 
+def environ_reader(name: str) -> Callable[[], bytes | str | None]:
+    """A cheap read of ``$name``, to tell whether it changed since a kept answer was worked out: its bytes
+    where ``os.environ`` keeps them (see above), else ``os.environ.get``."""
+    if _ENVIRON_BYTES is not None:
+        return functools.partial(_ENVIRON_BYTES.get, name.encode())
+    return functools.partial(os.environ.get, name)
+
+
 def current_backend() -> str:
     mode = _forced or os.environ.get(ENV_VAR, "auto")
     if mode not in BACKENDS:

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..cpu import bf16_gemm
+from ..cpu import extension
 from ..cpu.packed import PackedGemm
 from ..cpu.packed_layers import checked, core_gemm
 from ..cpu.packed_layers import pack_linear_layers as pack_with
@@ -42,7 +42,7 @@ def why_not_core_gemm() -> str | None:
     """Why the bridge does not pack for core's BF16 GEMM; None when it does."""
     if gemm_setting() != "core":
         return f"{GEMM_ENV_VAR}={gemm_setting()}"
-    return bf16_gemm.why_unavailable()
+    return extension.why_unavailable()
 
 
 def gemm_setting() -> str:

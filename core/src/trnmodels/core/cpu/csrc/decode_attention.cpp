@@ -176,12 +176,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t max_blocks = tables.size(1), blocks = k_cache.size(0);
   const int64_t* table_data = tables.const_data_ptr<int64_t>();
   const int64_t* len_data = lens.const_data_ptr<int64_t>();
-  // Checked before any task runs: a bad table would read outside the cache.
+  // Checked before any task runs: a bad table would read outside the cache. Only the blocks a sequence
+  // reads are checked (under a sliding window, those of its last positions).
   for (int64_t b = 0; b < B; ++b) {
     const int64_t length = std::max<int64_t>(len_data[b], 1);  // an empty (padding) row sees position 0
     TORCH_CHECK(length <= max_blocks * block_size, "decode_attention: sequence ", b, " has context length ",
                 len_data[b], ", more than its block table's ", max_blocks * block_size, " positions");
-    for (int64_t j = 0; j < (length + block_size - 1) / block_size; ++j) {
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, length - sliding_window) : 0;
+    for (int64_t j = first / block_size; j < (length + block_size - 1) / block_size; ++j) {
       const int64_t block = table_data[b * max_blocks + j];
       TORCH_CHECK(block >= 0 && block < blocks, "decode_attention: sequence ", b, " names block ", block,
                   " of a cache of ", blocks);
