@@ -18,8 +18,8 @@ It read 22.0 GB/s at one row, 10.2 at eight, and 4.9-7.6x ``F.linear`` from 8 to
 (``docs/benchmarks/bf16-gemm-avx2.md``).
 
 The kernel is part of core's C++ library (``extension``: built once per instruction set and cached;
-``extension.why_unavailable`` says why it cannot run). ``TRNMODELS_BF16_GEMM_ISA=avx2`` runs the AVX2 build on a CPU
-with AVX512-BF16 (to bisect a difference, and so that its tests run there).
+``extension.why_unavailable`` says why it cannot run). ``TRNMODELS_BF16_GEMM_ISA=avx2`` runs the AVX2
+build on a CPU with AVX512-BF16 (to bisect a difference, and so that its tests run there).
 """
 
 from __future__ import annotations
