@@ -17,11 +17,10 @@ import torch
 
 from trnmodels.core.cpu import bf16_gemm, extension
 from trnmodels.core.errors import ConfigError
+from trnmodels.core.testing.markers import needs_cpu_extension
 from trnmodels.core.vllm.packed_linear import GEMM_ENV_VAR, chosen_gemm, pack_linear_layers
 
-pytestmark = pytest.mark.skipif(
-    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
-)
+pytestmark = needs_cpu_extension("core's BF16 GEMM")
 
 
 def assert_within_bf16_rounding(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:

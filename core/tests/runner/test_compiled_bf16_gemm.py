@@ -29,10 +29,9 @@ from trnmodels.core.runner.config import RunnerConfig, SamplingParams
 from trnmodels.core.runner.engine import Runner
 from trnmodels.core.runner.graphs import all_graph_specs
 from trnmodels.core.runtime_config import NeuronConfig
+from trnmodels.core.testing.markers import needs_cpu_extension
 
-needs_kernel = pytest.mark.skipif(
-    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
-)
+needs_kernel = needs_cpu_extension("core's BF16 GEMM")
 RUNNER = RunnerConfig(
     max_num_seqs=2,
     max_model_len=32,

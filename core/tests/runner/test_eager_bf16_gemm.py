@@ -25,10 +25,9 @@ from trnmodels.core.parallel.state import destroy_parallel_state, init_parallel_
 from trnmodels.core.runner.config import RunnerConfig
 from trnmodels.core.runner.score import teacher_forced_logits
 from trnmodels.core.runtime_config import NeuronConfig
+from trnmodels.core.testing.markers import needs_cpu_extension
 
-needs_kernel = pytest.mark.skipif(
-    extension.why_unavailable() is not None, reason=f"core's BF16 GEMM: {extension.why_unavailable()}"
-)
+needs_kernel = needs_cpu_extension("core's BF16 GEMM")
 RUNNER = RunnerConfig(max_num_seqs=2, max_model_len=64, block_size=16)
 
 

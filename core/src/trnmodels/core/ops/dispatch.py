@@ -59,7 +59,6 @@ _REFERENCES: dict[str, Callable[..., Any]] = {}
 # ``os.environ.get`` encodes the key and decodes the value on every call, 0.6 us of a linear layer's
 # 6 us here, and an eager decode step asks hundreds of times (``_eager_auto_kernels``).
 _ENVIRON_BYTES: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_ENCODED_NAMES = (ENV_VAR.encode(), CPU_KERNELS_ENV_VAR.encode())
 
 
 def environ_reader(name: str) -> Callable[[], bytes | str | None]:
@@ -249,19 +248,18 @@ def _enabled() -> tuple[str, ...]:
 
 
 # (the settings it was computed from, the answer) of ``_eager_auto_kernels``.
+_read_backend = environ_reader(ENV_VAR)
+_read_cpu_kernels = environ_reader(CPU_KERNELS_ENV_VAR)
 _eager_auto: tuple[tuple[Any, ...], frozenset[str] | None] | None = None
 
 
 def _eager_auto_kernels() -> frozenset[str] | None:
     """For an eager call: the ops whose CPU kernel may run when the backend is ``auto``, or None when it is
-    forced, or where the settings cannot be read from ``os.environ``'s bytes mapping (the general selection
-    then decides). Recomputed only when a setting changes: an eager decode step asks for every op it runs,
-    and reading and parsing the settings each time cost more than the call it dispatches (a one-row linear
-    layer)."""
+    forced (the general selection then decides). Recomputed only when a setting changes: an eager decode
+    step asks for every op it runs, and reading and parsing the settings each time cost more than the call
+    it dispatches (a one-row linear layer)."""
     global _eager_auto
-    if _ENVIRON_BYTES is None:
-        return None
-    settings = (_forced, *map(_ENVIRON_BYTES.get, _ENCODED_NAMES), _cpu_kernel_names)
+    settings = (_forced, _read_backend(), _read_cpu_kernels(), _cpu_kernel_names)
     if _eager_auto is None or _eager_auto[0] != settings:
         # Both raise on a bad setting, and nothing is remembered until the settings are good.
         kernels = frozenset(_enabled()) if current_backend() == "auto" else None
