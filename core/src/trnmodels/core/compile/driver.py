@@ -106,7 +106,7 @@ def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
     # The CPU kernels a capture takes change the graph, and the environment picks them
     # (TRNMODELS_CPU_KERNELS, TRNMODELS_KERNEL_BACKEND): a bisecting run must not reuse the others' graphs.
     # So does whether MKL's SGEMM is tuned for this CPU (an Intel CPU's graphs swap no operands).
-    # And whether BF16 linear layers call core's BF16 GEMM on packed weights, and decode graphs core's
+    # And whether linear layers call core's GEMM on packed weights (BF16, FP32), and decode graphs core's
     # attention kernel (whether core's C++ library builds and runs on this CPU decides).
     from ..cpu.attention import graphs_run_core_attention
     from ..cpu.packed_layers import graphs_run_core_gemm  # it imports this package's cache
@@ -115,7 +115,7 @@ def _shared_key_fields(target: CompileTarget, package: str) -> dict[str, Any]:
         COMPILER_FLAGS,
         cpu_kernels_in_graphs=cpu_kernels_in_graphs(),
         sgemm_tuned=sgemm_tuned(),
-        core_bf16_gemm=graphs_run_core_gemm(target.dtype),
+        core_packed_gemm=graphs_run_core_gemm(target.dtype),
         core_decode_attention=graphs_run_core_attention(),
     )
     return {"dtype": target.dtype, "compiler_flags": flags, "source": source}

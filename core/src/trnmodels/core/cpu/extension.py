@@ -1,7 +1,7 @@
 """Core's C++ CPU kernels (``csrc/``): one library, ``trnmodels_cpu``, built for the instruction set of
-this CPU and loaded once per process. Its ops are ``torch.ops.trnmodels_cpu.*``: the BF16 GEMM
-(``bf16_gemm``) and paged decode attention (``attention``), which compiled graphs call as they call any
-op of a loaded library.
+this CPU and loaded once per process. Its ops are ``torch.ops.trnmodels_cpu.*``: the BF16 and FP32 GEMMs on
+packed weights (``bf16_gemm``, ``fp32_gemm``) and paged decode attention (``attention``), which compiled
+graphs call as they call any op of a loaded library.
 
 The library is compiled with the host's C++ compiler the first time a process needs it (about 20 s here,
 with ``torch.utils.cpp_extension``, which needs ``ninja``), and cached under ``~/.cache/trnmodels/kernels``
@@ -27,7 +27,10 @@ from ..ops.dispatch import environ_reader
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("bf16_gemm.cpp", "decode_attention.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name
+    for name in ("bf16_gemm.cpp", "fp32_gemm.cpp", "decode_attention.cpp")
+)
 # One build per instruction set, each its own library; the first this CPU has is used.
 ISA_FLAGS = {
     "avx512_bf16": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],

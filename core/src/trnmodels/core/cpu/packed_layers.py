@@ -12,7 +12,9 @@ own calls and in the fused ops' (``ops.gated_mlp``). Two ways:
   on a probe row stays on ``F.linear``.
 - ``pack_for_graphs``: for a model compiled graphs read (the capture, and ``compile.load_compiled_graphs``
   when binding). The packed copy is the layer's buffer ``packed_weight``, which the graph binds by name,
-  so every layer must be packed, as in the graph.
+  so every layer must be packed, as in the graph. FP32 layers are packed too, for core's FP32 GEMM
+  (``cpu.fp32_gemm``): in graphs it streamed the weights faster than Inductor's one-row reductions, where
+  eager FP32 calls have torch's GEMMs (``cpu.linear``).
 
 Weights only the linear layers read are released (the GEMM holds the packed copy), so memory does not
 grow; the LM head's, which a tied embedding reads too, is kept, and so is a weight holding NaN or inf. A
@@ -22,7 +24,9 @@ graph cannot read a weight packed for eager runs, whose own memory is gone: bind
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,13 +35,24 @@ from torch import nn
 from ..errors import InputError
 from ..ops.dispatch import cpu_kernel_enabled
 from ..parallel.layers import LINEAR_LAYERS, ParallelLMHead
-from . import bf16_gemm, extension
+from . import bf16_gemm, extension, fp32_gemm
 from .packed import PackedGemm, pack, packed_gemm, released
 
 logger = logging.getLogger(__name__)
 
 # A weight -> its packed GEMM, or None and why not.
 GemmMaker = Callable[[torch.Tensor], tuple[PackedGemm | None, str | None]]
+
+
+CoreGemm = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (x, packed, N) -> x @ weight.T
+
+
+class GraphGemm(NamedTuple):
+    """One of core's GEMMs on packed weights, as compiled graphs call it."""
+
+    name: str
+    pack: Callable[[torch.Tensor], torch.Tensor]  # weight [N, K] -> its packed copy
+    gemm: CoreGemm
 
 
 def why_not_packed(weight: torch.Tensor) -> str | None:
@@ -123,11 +138,21 @@ def pack_for_eager(model: nn.Module) -> int:
     return packed
 
 
+# The packed GEMM compiled graphs call for each weight dtype: core's BF16 GEMM, or its FP32 one.
+GRAPH_GEMMS: dict[torch.dtype, GraphGemm] = {
+    torch.bfloat16: GraphGemm("core's BF16 GEMM", bf16_gemm.pack, bf16_gemm.gemm),
+    torch.float32: GraphGemm("core's FP32 GEMM", fp32_gemm.pack, fp32_gemm.gemm),
+}
+
+
 def graphs_run_core_gemm(dtype: torch.dtype | str) -> bool:
-    """Whether graphs compiled for ``dtype`` here call core's BF16 GEMM on packed weights
-    (``pack_for_graphs``): BF16, the linear CPU kernel on, and the GEMM able to run on this CPU. The
-    compile cache keys on it, and binding a model to graphs packs it the same way."""
-    if str(dtype).removeprefix("torch.") != "bfloat16" or not cpu_kernel_enabled("linear"):
+    """Whether graphs compiled for ``dtype`` here call core's GEMM on packed weights (``pack_for_graphs``):
+    BF16 or FP32, the linear CPU kernel on, and core's library able to run on this CPU. The compile cache
+    keys on it, and binding a model to graphs packs it the same way."""
+    name = str(dtype).removeprefix("torch.")
+    if not any(str(d).removeprefix("torch.") == name for d in GRAPH_GEMMS) or not cpu_kernel_enabled(
+        "linear"
+    ):
         return False
     return extension.why_unavailable() is None
 
@@ -144,11 +169,12 @@ def released_for_eager(name: str) -> InputError:
 
 
 def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
-    """Pack every BF16 linear layer of ``model`` for core's BF16 GEMM as a captured graph calls it: the
-    packed weight is the layer's buffer ``packed_weight``, which a capture lifts and a compiled graph binds
-    by name like any weight, and the linear op calls the GEMM on it (``traceable``). The plain weights are
-    released, but the LM head's and one holding NaN or inf (kept, so a non-finite result names it). A
-    model already packed so is left as it is. Returns how many layers are packed.
+    """Pack every BF16 or FP32 linear layer of ``model`` for core's GEMM of its dtype (``GRAPH_GEMMS``) as a
+    captured graph calls it: the packed weight is the layer's buffer ``packed_weight``, which a capture
+    lifts and a compiled graph binds by name like any weight, and the linear op calls the GEMM on it
+    (``traceable``). The plain weights are released, but the LM head's and one holding NaN or inf (kept,
+    so a non-finite result names it). A model already packed so is left as it is. Returns how many layers
+    are packed.
 
     Every layer must be packed, as the graph was: a GEMM that disagrees with ``F.linear`` on a probe row
     raises rather than leaving one layer out (an eager-only model leaves it to ``F.linear`` instead).
@@ -157,25 +183,33 @@ def pack_for_graphs(model: nn.Module, *, probe: bool = True) -> int:
     packed = 0
     for path, module in _linear_modules(model):
         weight = module.weight
-        if why_not_packed(weight) is not None:
-            continue  # not a BF16 weight (the kernel itself is ``graphs_run_core_gemm``'s question)
+        core = GRAPH_GEMMS.get(weight.dtype)
+        if core is None or weight.device.type != "cpu" or weight.dim() != 2:
+            continue  # no packed GEMM for it (the kernel itself is ``graphs_run_core_gemm``'s question)
         if getattr(module, PACKED_BUFFER, None) is not None:
             packed += 1
             continue
         if released(weight):
             raise released_for_eager(f"{path}.weight")
         data = weight.detach()
-        module.register_buffer(PACKED_BUFFER, bf16_gemm.pack(data), persistent=False)
+        module.register_buffer(PACKED_BUFFER, core.pack(data), persistent=False)
         n = weight.shape[0]
 
-        def gemm(x: torch.Tensor, module: nn.Module = module, n: int = n) -> torch.Tensor:
-            return bf16_gemm.gemm(x, getattr(module, PACKED_BUFFER), n)
+        # The layer by a weak reference: ``cpu.packed`` keeps the GEMM in a registry until the weight dies,
+        # and a strong one would keep the layer, so its weight, alive for good (a compile traces a new
+        # model per graph, and each stayed in memory).
+        layer = weakref.ref(module)
+
+        def gemm(
+            x: torch.Tensor, layer: weakref.ref[nn.Module] = layer, n: int = n, run: CoreGemm = core.gemm
+        ) -> torch.Tensor:
+            return run(x, getattr(layer(), PACKED_BUFFER), n)
 
         # A traced model's weights are not set: neither checked nor kept.
         finite = bool(torch.isfinite(data).all()) if probe else True
-        if probe and finite and checked(gemm, data, "core's BF16 GEMM", "failed on it")[0] is None:
+        if probe and finite and checked(gemm, data, core.name, "failed on it")[0] is None:
             raise RuntimeError(
-                f"{path}: core's BF16 GEMM disagrees with F.linear on a probe row; run without it "
+                f"{path}: {core.name} disagrees with F.linear on a probe row; run without it "
                 "(TRNMODELS_CPU_KERNELS without 'linear')"
             )
         keep = isinstance(module, ParallelLMHead) or id(weight) in shared or not finite

@@ -1,9 +1,12 @@
-"""Compiled BF16 graphs call core's BF16 GEMM on packed weights (``cpu.packed_layers.pack_for_graphs``):
-the capture lifts each layer's ``packed_weight`` buffer, binding packs the loaded model the same way and
-gives the plain weights back, and the results stay within BF16 rounding of a float64 truth. Graphs of
-an FP32 model, or with the linear kernel turned off, read the plain weights as before."""
+"""Compiled BF16 and FP32 graphs call core's GEMM of their dtype on packed weights
+(``cpu.packed_layers.pack_for_graphs``): the capture lifts each layer's ``packed_weight`` buffer, binding
+packs the loaded model the same way and gives the plain weights back, and the results stay within the
+dtype's rounding of a float64 truth. Graphs with the linear kernel turned off read the plain weights."""
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from trnmodels.core.compile import CompileTarget, compile_all, load_compiled_gra
 from trnmodels.core.compile.driver import compile_module, graph_key
 from trnmodels.core.compile.load import load_compiled_module
 from trnmodels.core.cpu import extension
+from trnmodels.core.cpu import packed as packed_registry
 from trnmodels.core.cpu.packed import packed_gemm, released
 from trnmodels.core.cpu.packed_layers import PACKED_BUFFER, graphs_run_core_gemm, pack_for_graphs
 from trnmodels.core.errors import InputError
@@ -52,11 +56,11 @@ def one_rank():
 class Projections(torch.nn.Module):
     """Two projections and an LM head, in core's layers: what a decoder step's GEMMs are."""
 
-    def __init__(self):
+    def __init__(self, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.up = ColumnParallelLinear(64, 96, bias=True, dtype=torch.bfloat16)
-        self.down = RowParallelLinear(96, 48, dtype=torch.bfloat16)
-        self.lm_head = ParallelLMHead(100, 48, dtype=torch.bfloat16)
+        self.up = ColumnParallelLinear(64, 96, bias=True, dtype=dtype)
+        self.down = RowParallelLinear(96, 48, dtype=dtype)
+        self.lm_head = ParallelLMHead(100, 48, dtype=dtype)
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in self.parameters():
@@ -67,25 +71,28 @@ class Projections(torch.nn.Module):
 
 
 def truth(model: Projections, x: torch.Tensor) -> torch.Tensor:
-    """The same projections in float64, from the same BF16 values, rounded to BF16 where ours rounds."""
+    """The same projections in float64, from the same values, rounded to ``x``'s dtype where ours rounds."""
 
     def linear(x, layer):
         out = x.double() @ layer.weight.double().T
-        return (out if getattr(layer, "bias", None) is None else out + layer.bias.double()).bfloat16()
+        return (out if getattr(layer, "bias", None) is None else out + layer.bias.double()).to(x.dtype)
 
     return linear(linear(torch.relu(linear(x, model.up)), model.down), model.lm_head)
 
 
 @needs_kernel
 @pytest.mark.slow  # AOT compiles
-@pytest.mark.parametrize("rows", [1, 8])
-def test_a_compiled_graph_calls_the_gemm_on_the_packed_weights(tmp_path, rows):
-    traced = Projections()
+@pytest.mark.parametrize(
+    "dtype, rows",
+    [(torch.bfloat16, 1), (torch.bfloat16, 8), (torch.float32, 1), (torch.float32, 8), (torch.float32, 40)],
+)
+def test_a_compiled_graph_calls_the_gemm_on_the_packed_weights(tmp_path, dtype, rows):
+    traced = Projections(dtype)
     pack_for_graphs(traced, probe=False)
-    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
     compile_module(traced, (x,), tmp_path / "graph.pt2", "projections")
 
-    model = Projections()
+    model = Projections(dtype)
     expected = truth(model, x)
     assert pack_for_graphs(model) == 3
     graph = load_compiled_module(tmp_path / "graph.pt2", model)
@@ -95,8 +102,11 @@ def test_a_compiled_graph_calls_the_gemm_on_the_packed_weights(tmp_path, rows):
     assert not any(n.endswith(".weight") for n in names), names
     assert released(model.up.weight) and released(model.down.weight) and not released(model.lm_head.weight)
     got = graph(x)
+    assert got.dtype == dtype
     scale = expected.double().abs().max().item()
-    torch.testing.assert_close(got.double(), expected.double(), rtol=2**-6, atol=2**-6 * scale)
+    # BF16: its own rounding at each layer; FP32: sums of at most 96 products in FP32, well inside 2**-16.
+    tolerance = 2**-6 if dtype == torch.bfloat16 else 2**-16
+    torch.testing.assert_close(got.double(), expected.double(), rtol=tolerance, atol=tolerance * scale)
 
 
 @needs_kernel
@@ -137,21 +147,20 @@ def test_compiled_bf16_graphs_run_core_s_gemm_and_match_the_eager_model(llama_ch
         assert (shortfall <= slack).all(), (result.token_ids, shortfall.tolist(), slack)
 
 
-def test_the_cache_key_says_whether_graphs_call_core_s_gemm(llama_checkpoint, monkeypatch):
-    bf16 = CompileTarget(str(llama_checkpoint), RUNNER, dtype="bfloat16")
-    fp32 = CompileTarget(str(llama_checkpoint), RUNNER)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_cache_key_says_whether_graphs_call_core_s_gemm(llama_checkpoint, monkeypatch, dtype):
+    target = CompileTarget(str(llama_checkpoint), RUNNER, dtype=dtype)
     spec = all_graph_specs(RUNNER)[0]
-    assert graph_key(fp32, spec)[1]["compiler_flags"]["core_bf16_gemm"] is False
-    on = graph_key(bf16, spec)
-    assert on[1]["compiler_flags"]["core_bf16_gemm"] is (extension.why_unavailable() is None)
-    monkeypatch.setattr(extension, "why_unavailable", lambda: "this CPU has no AVX512-BF16")
-    off = graph_key(bf16, spec)
-    assert off[1]["compiler_flags"]["core_bf16_gemm"] is False
-    assert (off[0] != on[0]) is on[1]["compiler_flags"]["core_bf16_gemm"]
+    on = graph_key(target, spec)
+    assert on[1]["compiler_flags"]["core_packed_gemm"] is (extension.why_unavailable() is None)
+    monkeypatch.setattr(extension, "why_unavailable", lambda: "this CPU has neither AVX512-BF16 nor AVX2")
+    off = graph_key(target, spec)
+    assert off[1]["compiler_flags"]["core_packed_gemm"] is False
+    assert (off[0] != on[0]) is on[1]["compiler_flags"]["core_packed_gemm"]
 
 
-@pytest.mark.parametrize("dtype, kernels", [("float32", "all"), ("bfloat16", "rms_norm")])
-def test_fp32_graphs_and_graphs_without_the_linear_kernel_read_the_plain_weights(
+@pytest.mark.parametrize("dtype, kernels", [("float32", "rms_norm"), ("bfloat16", "rms_norm")])
+def test_graphs_without_the_linear_kernel_read_the_plain_weights(
     llama_checkpoint, tmp_path, monkeypatch, dtype, kernels
 ):
     monkeypatch.setenv("TRNMODELS_CPU_KERNELS", kernels)
@@ -162,6 +171,21 @@ def test_fp32_graphs_and_graphs_without_the_linear_kernel_read_the_plain_weights
     for name, module in model.named_modules():
         if isinstance(module, (*LINEAR_LAYERS, ParallelLMHead)):
             assert packed_gemm(module.weight) is None and not hasattr(module, PACKED_BUFFER), name
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_model_packed_for_graphs_is_freed_with_its_packed_weights(dtype):
+    """A compile traces a new model per graph: each must go when dropped (its packed GEMMs held it alive)."""
+    gc.collect()  # models other tests dropped
+    before = len(packed_registry._packed)
+    model = Projections(dtype)
+    assert pack_for_graphs(model) == 3 and len(packed_registry._packed) == before + 3
+    gone = weakref.ref(model.up)
+    del model
+    gc.collect()
+    assert gone() is None
+    assert len(packed_registry._packed) == before
 
 
 @needs_kernel
