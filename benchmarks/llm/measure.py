@@ -468,13 +468,19 @@ class RecordingGraph:
         return self.graph(*inputs)
 
 
-def weight_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The weights a decode step multiplies a row by: every linear layer's and the LM head's, each once."""
+def weight_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers whose weights a decode step multiplies a row by: every linear layer and the LM head, each
+    weight once."""
     from trnmodels.core.parallel.layers import LINEAR_LAYERS, ParallelLMHead
 
     kinds = (*LINEAR_LAYERS, ParallelLMHead)
-    found = {id(m.weight): m.weight for m in model.modules() if isinstance(m, kinds) and m.weight.dim() == 2}
+    found = {id(m.weight): m for m in model.modules() if isinstance(m, kinds) and m.weight.dim() == 2}
     return list(found.values())
+
+
+def weight_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights a decode step multiplies a row by (``weight_layers``'), each once."""
+    return [layer.weight for layer in weight_layers(model)]
 
 
 def _per_call(fn: Callable[[], object], calls: int) -> float:
@@ -485,23 +491,21 @@ def _per_call(fn: Callable[[], object], calls: int) -> float:
 
 
 class MatrixProducts(torch.nn.Module):
-    """Every weight against one row, through core's ``linear`` op: a decode step's matrix-vector products
-    alone. The weights are the model's own tensors (buffers sharing their storage), one input row per width."""
+    """Every layer's weight against one row, through core's ``linear`` op: a decode step's matrix-vector
+    products alone. The layers are the model's own, so a graph reads what the decode graphs read: their
+    packed copies where the model is bound to graphs that call core's GEMM (``pack_for_graphs``, which
+    gives the plain weights back), else the weights. One input row per width."""
 
-    def __init__(self, weights: Sequence[torch.Tensor]):
+    def __init__(self, layers: Sequence[torch.nn.Module]):
         super().__init__()
-        self.widths = sorted({w.shape[1] for w in weights})
-        for i, w in enumerate(weights):
-            # A plain tensor over the same storage: export takes no Parameter as a buffer.
-            self.register_buffer(f"w{i}", w.detach(), persistent=False)
-        self.count = len(weights)
+        self.widths = sorted({layer.weight.shape[1] for layer in layers})
+        self.layers = torch.nn.ModuleList(layers)
 
     def forward(self, *rows: torch.Tensor) -> list[torch.Tensor]:
         from trnmodels.core.ops.linear import linear
 
         by_width = dict(zip(self.widths, rows, strict=True))
-        weights = [getattr(self, f"w{i}") for i in range(self.count)]
-        return [linear(by_width[w.shape[1]], w) for w in weights]
+        return [linear(by_width[layer.weight.shape[1]], layer.weight) for layer in self.layers]
 
     def example_rows(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
@@ -517,7 +521,7 @@ def decode_split(
       own caches; it rewrites the same cache slot with the same values), nothing of the runner around it;
     - ``products_seconds``: the step's matrix-vector products alone (``MatrixProducts``), captured and
       compiled as the decode graphs are (``compile_module``: one row in FP32 takes the form ``cpu.linear``
-      gives it in a graph), the model's weights bound to it;
+      gives it in a graph), the model's layers bound to it (their packed weights, as the decode graphs');
     - ``read_bandwidth_bytes_per_s``: a stream that only reads (``read_bandwidth``), between them.
 
     Medians over the rounds; each of the first two is the mean of ``calls`` calls."""
@@ -528,7 +532,7 @@ def decode_split(
         raise RuntimeError("the decode graph has not run: no step to time")
     inputs = graph.inputs
     weights = weight_matrices(model)
-    products = MatrixProducts(weights)
+    products = MatrixProducts(weight_layers(model))
     rows = products.example_rows(weights[0].dtype)
     with tempfile.TemporaryDirectory(prefix="trnmodels-products-") as tmp, torch.no_grad():
         path = Path(tmp) / "products.pt2"

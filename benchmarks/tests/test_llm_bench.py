@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from benchmarks.llm import measure, report
 from benchmarks.llm.report import Target
+from trnmodels.core.testing.markers import needs_cpu_extension
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 
@@ -209,6 +210,31 @@ def test_decode_split_times_the_recorded_step_and_the_models_matrices_alone(
     assert split["matrices"] == 1 and split["matrix_bytes"] == 8 * 16 * 4 and split["rounds"] == 3
     assert split["read_bandwidth_bytes_per_s"] == 25e9
     assert split["graph_seconds"] > 0 and split["products_seconds"] > 0
+
+
+@needs_cpu_extension()
+def test_decode_split_reads_the_packed_weights_of_a_model_bound_to_packed_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Binding FP32 graphs packs the linear layers and gives their plain weights back: the products alone
+    must read the packed copies, as the decode graphs do, not the released weights."""
+    from trnmodels.core.cpu.packed import released
+    from trnmodels.core.cpu.packed_layers import pack_for_graphs
+    from trnmodels.core.parallel.layers import ReplicatedLinear
+
+    model = torch.nn.Sequential(ReplicatedLinear(16, 8), ReplicatedLinear(8, 40))
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    first = model[0].weight.detach().clone()
+    assert pack_for_graphs(model) == 2 and released(model[0].weight)
+    graph = measure.RecordingGraph(lambda *inputs: None)
+    graph(torch.ones(1))
+    monkeypatch.setattr(measure, "read_bandwidth", lambda nbytes: 25e9)
+    split = measure.decode_split(graph, model, rounds=1, calls=1)
+    assert split["matrices"] == 2 and split["matrix_bytes"] == (8 * 16 + 40 * 8) * 4
+    products = measure.MatrixProducts(measure.weight_layers(model))
+    rows = products.example_rows(torch.float32)  # one per width: 8, 16
+    torch.testing.assert_close(products(*rows)[0], rows[1] @ first.T)
 
 
 def test_the_roofline_section_splits_the_step_when_the_run_timed_its_pieces() -> None:

@@ -143,16 +143,14 @@ GRAPH_GEMMS: dict[torch.dtype, GraphGemm] = {
     torch.bfloat16: GraphGemm("core's BF16 GEMM", bf16_gemm.pack, bf16_gemm.gemm),
     torch.float32: GraphGemm("core's FP32 GEMM", fp32_gemm.pack, fp32_gemm.gemm),
 }
+_GRAPH_DTYPES = {str(dtype).removeprefix("torch.") for dtype in GRAPH_GEMMS}  # as a CompileTarget names them
 
 
 def graphs_run_core_gemm(dtype: torch.dtype | str) -> bool:
     """Whether graphs compiled for ``dtype`` here call core's GEMM on packed weights (``pack_for_graphs``):
     BF16 or FP32, the linear CPU kernel on, and core's library able to run on this CPU. The compile cache
     keys on it, and binding a model to graphs packs it the same way."""
-    name = str(dtype).removeprefix("torch.")
-    if not any(str(d).removeprefix("torch.") == name for d in GRAPH_GEMMS) or not cpu_kernel_enabled(
-        "linear"
-    ):
+    if str(dtype).removeprefix("torch.") not in _GRAPH_DTYPES or not cpu_kernel_enabled("linear"):
         return False
     return extension.why_unavailable() is None
 

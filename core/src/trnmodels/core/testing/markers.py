@@ -8,6 +8,6 @@ from ..cpu import extension
 
 
 def needs_cpu_extension(what: str = "core's C++ kernels") -> pytest.MarkDecorator:
-    """Skip where core's C++ library (the BF16 GEMM, decode attention) cannot be built or run, saying why."""
+    """Skip where core's C++ library (the BF16 and FP32 GEMMs, decode attention) cannot be built or run, saying why."""
     reason = extension.why_unavailable()
     return pytest.mark.skipif(reason is not None, reason=f"{what}: {reason}")
