@@ -52,78 +52,43 @@ inline void store_sums(float* y, int64_t columns, int v, __m256 sums) {
     _mm256_maskstore_ps(y + 8 * v, lane_mask(columns, v), sums);
 }
 
-// M rows of x (row stride ldx) against panel rows [0, depth) of one whole panel, the sums of `columns`
-// outputs added to y (row stride ldy), or written when `first`.
-template <int M>
+// M rows of x (row stride ldx) against panel rows [0, depth) of V vectors (8 columns each) of a panel: the
+// whole panel (V = 4) or half of it (V = 2). The sums of the `columns` valid outputs are added to y (row
+// stride ldy), or written when `first`.
+template <int M, int V>
 void panel_rows(const float* x, int64_t ldx, const float* panel, int64_t depth, float* y, int64_t ldy,
                 int64_t columns, bool first) {
-  __m256 sum[M][4];
+  __m256 sum[M][V];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) sum[m][v] = load_sums(y + m * ldy, columns, v, first);
+    for (int v = 0; v < V; ++v) sum[m][v] = load_sums(y + m * ldy, columns, v, first);
   for (int64_t k = 0; k < depth; ++k) {
-    __m256 w[4];
+    __m256 w[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) w[v] = _mm256_loadu_ps(panel + k * kPanel + 8 * v);
+    for (int v = 0; v < V; ++v) w[v] = _mm256_loadu_ps(panel + k * kPanel + 8 * v);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
       const __m256 xk = _mm256_broadcast_ss(x + m * ldx + k);
 #pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) sum[m][v] = _mm256_fmadd_ps(xk, w[v], sum[m][v]);
+      for (int v = 0; v < V; ++v) sum[m][v] = _mm256_fmadd_ps(xk, w[v], sum[m][v]);
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) store_sums(y + m * ldy, columns, v, sum[m][v]);
-}
-
-// M rows of x against panel rows [0, depth) of half a panel (16 columns, `columns` of them valid).
-template <int M>
-void tile_rows(const float* x, int64_t ldx, const float* half, int64_t depth, float* y, int64_t ldy, int64_t columns,
-               bool first) {
-  __m256 sum[M][2];
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) sum[m][v] = load_sums(y + m * ldy, columns, v, first);
-  for (int64_t k = 0; k < depth; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(half + k * kPanel);
-    const __m256 w1 = _mm256_loadu_ps(half + k * kPanel + 8);
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-      const __m256 xk = _mm256_broadcast_ss(x + m * ldx + k);
-      sum[m][0] = _mm256_fmadd_ps(xk, w0, sum[m][0]);
-      sum[m][1] = _mm256_fmadd_ps(xk, w1, sum[m][1]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) store_sums(y + m * ldy, columns, v, sum[m][v]);
+    for (int v = 0; v < V; ++v) store_sums(y + m * ldy, columns, v, sum[m][v]);
 }
 
 using Rows = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
 
-template <template <int> class Kernel, std::size_t... I>
+// rows_table<V>[m]: panel_rows<m, V> for a block of m rows, 1 <= m <= sizeof...(I).
+template <int V, std::size_t... I>
 constexpr std::array<Rows, sizeof...(I) + 1> rows_table(std::index_sequence<I...>) {
-  return {nullptr, Kernel<static_cast<int>(I) + 1>::run...};
+  return {nullptr, panel_rows<static_cast<int>(I) + 1, V>...};
 }
-template <int M>
-struct PanelRows {
-  static void run(const float* x, int64_t ldx, const float* p, int64_t d, float* y, int64_t ldy, int64_t c, bool f) {
-    panel_rows<M>(x, ldx, p, d, y, ldy, c, f);
-  }
-};
-template <int M>
-struct TileRows {
-  static void run(const float* x, int64_t ldx, const float* p, int64_t d, float* y, int64_t ldy, int64_t c, bool f) {
-    tile_rows<M>(x, ldx, p, d, y, ldy, c, f);
-  }
-};
-constexpr auto kPanelRows = rows_table<PanelRows>(std::make_index_sequence<2>{});
-constexpr auto kTileRowsOf = rows_table<TileRows>(std::make_index_sequence<kTileRows>{});
+constexpr auto kPanelRows = rows_table<4>(std::make_index_sequence<2>{});
+constexpr auto kTileRowsOf = rows_table<2>(std::make_index_sequence<kTileRows>{});
 
 at::Tensor fp32_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "fp32_gemm: x must be a CPU float32 tensor, got ",
