@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,6 +78,20 @@ def _prompts(checkpoint: dict[str, Any], settings: Settings) -> tuple[Any, ...]:
     return prefill, batches, settings.new_tokens, settings.repeats
 
 
+def eager_and_bound_models(
+    build: Callable[[], torch.nn.Module], bind: Callable[[torch.nn.Module], dict[Any, Any]]
+) -> tuple[torch.nn.Module, torch.nn.Module, dict[Any, Any], float]:
+    """Two models of one checkpoint: one the eager runner runs, as ``trnmodels generate --eager`` does, and
+    one the compiled graphs are bound to (``bind``; its seconds are returned too). Binding packs the linear
+    layers for core's GEMMs and gives the plain weights back, and a step without a graph then runs the
+    packed GEMM: on the bound model, "eager" would not be what ``--eager`` runs."""
+    eager_model = build()
+    model = build()
+    start = time.perf_counter()
+    graphs = bind(model)
+    return eager_model, model, graphs, time.perf_counter() - start
+
+
 def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) -> dict[str, Any]:
     """Our runner eager and with the compiled graphs, and HF ``generate``, on the same weights."""
     from transformers import AutoModelForCausalLM
@@ -91,10 +105,10 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
     target = CompileTarget(checkpoint["dir"], BENCH_RUNNER)
     init_parallel_state(1)
     try:
-        model = build_model(checkpoint["dir"], target.neuron_config(), progress=False)
-        start = time.perf_counter()
-        graphs = load_compiled_graphs(target, model, cache_dir)
-        load_seconds = time.perf_counter() - start
+        eager_model, model, graphs, load_seconds = eager_and_bound_models(
+            lambda: build_model(checkpoint["dir"], target.neuron_config(), progress=False),
+            lambda bound: load_compiled_graphs(target, bound, cache_dir),
+        )
         hf = AutoModelForCausalLM.from_pretrained(checkpoint["dir"], dtype=torch.float32).eval()
         # The batch-1 decode graph keeps its latest inputs: after the rounds, a dense model's step is timed
         # again piece by piece (``measure.decode_split``), for what the roofline's section says.
@@ -103,7 +117,7 @@ def _throughput(checkpoint: dict[str, Any], settings: Settings, cache_dir: str) 
         if recording is not None:
             graphs[batch1] = recording
         systems = {
-            "ours_eager": measure.runner_generate(Runner(model, BENCH_RUNNER)),
+            "ours_eager": measure.runner_generate(Runner(eager_model, BENCH_RUNNER)),
             "ours_compiled": measure.runner_generate(Runner(model, BENCH_RUNNER, graphs=graphs)),
             "hf": measure.hf_generate(hf, checkpoint["pad_token_id"]),
         }

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from benchmarks.llm import measure, report
+from benchmarks.llm import measure, report, run
 from benchmarks.llm.report import Target
 from trnmodels.core.testing.markers import needs_cpu_extension
 
@@ -235,6 +235,26 @@ def test_decode_split_reads_the_packed_weights_of_a_model_bound_to_packed_graphs
     products = measure.MatrixProducts(measure.weight_layers(model))
     rows = products.example_rows(torch.float32)  # one per width: 8, 16
     torch.testing.assert_close(products(*rows)[0], rows[1] @ first.T)
+
+
+@needs_cpu_extension()
+def test_the_eager_runner_runs_a_model_the_graphs_did_not_pack() -> None:
+    """Binding FP32 graphs packs the layers, and eager steps on that model run the packed GEMM: the eager
+    figures must come from a model as ``trnmodels generate --eager`` builds it."""
+    from trnmodels.core.cpu.packed import packed_gemm, released
+    from trnmodels.core.cpu.packed_layers import pack_for_graphs
+    from trnmodels.core.parallel.layers import ReplicatedLinear
+
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(ReplicatedLinear(16, 8), ReplicatedLinear(8, 40))
+
+    def bind(model: torch.nn.Module) -> dict[str, int]:
+        return {"packed": pack_for_graphs(model)}
+
+    eager, bound, graphs, seconds = run.eager_and_bound_models(build, bind)
+    assert graphs == {"packed": 2} and seconds >= 0
+    assert all(released(layer.weight) and packed_gemm(layer.weight) is not None for layer in bound)
+    assert not any(released(layer.weight) or packed_gemm(layer.weight) is not None for layer in eager)
 
 
 def test_the_roofline_section_splits_the_step_when_the_run_timed_its_pieces() -> None:
