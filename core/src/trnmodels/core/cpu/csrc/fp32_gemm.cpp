@@ -10,8 +10,9 @@
 // the others find it in L2 (a panel is K x 128 bytes; walking it in chunks that stay in L1 was slower at
 // one and two rows, and no faster at four and eight). With more than one pair, memory would idle while the
 // later pairs compute, so every walk also prefetches its share of the next panel into L2: 4-17% faster
-// at 3 to 8 rows. Prefetching it all in one walk, or half panels of 4 or 6 rows, was slower. More rows are a GEMM: tiles of 6 rows
-// by half a panel (12 sums in registers, the classic AVX2 shape), the panel in blocks of kDepth rows (16 KB
+// at 3 to 8 rows. Prefetching it all in one walk, or half panels of 4 or 6 rows, was slower.
+//
+// More rows are a GEMM: tiles of 6 rows by half a panel (12 sums in registers, the classic AVX2 shape), the panel in blocks of kDepth rows (16 KB
 // of a half panel) that stay in L1 while every tile of rows reads them, partial sums kept in y between
 // blocks. That kept up with MKL's SGEMM (0.94-1.1x from 64 to 256 rows) on the same weights.
 //
