@@ -246,7 +246,10 @@ def test_the_eager_runner_runs_a_model_the_graphs_did_not_pack() -> None:
     from trnmodels.core.parallel.layers import ReplicatedLinear
 
     def build() -> torch.nn.Module:
-        return torch.nn.Sequential(ReplicatedLinear(16, 8), ReplicatedLinear(8, 40))
+        model = torch.nn.Sequential(ReplicatedLinear(16, 8), ReplicatedLinear(8, 40))
+        for p in model.parameters():  # the layers start as torch.empty, and a NaN weight is kept unreleased
+            torch.nn.init.normal_(p)
+        return model
 
     def bind(model: torch.nn.Module) -> dict[str, int]:
         return {"packed": pack_for_graphs(model)}
