@@ -12,9 +12,10 @@
 // later pairs compute, so every walk also prefetches its share of the next panel into L2: 4-17% faster
 // at 3 to 8 rows. Prefetching it all in one walk, or half panels of 4 or 6 rows, was slower.
 //
-// More rows are a GEMM: tiles of 6 rows by half a panel (12 sums in registers, the classic AVX2 shape), the panel in blocks of kDepth rows (16 KB
-// of a half panel) that stay in L1 while every tile of rows reads them, partial sums kept in y between
-// blocks. That kept up with MKL's SGEMM (0.94-1.1x from 64 to 256 rows) on the same weights.
+// More rows are a GEMM: tiles of 6 rows by half a panel (12 sums in registers, the classic AVX2 shape),
+// the panel in blocks of kDepth rows (16 KB of a half panel) that stay in L1 while every tile of rows reads
+// them, partial sums kept in y between blocks. That kept up with MKL's SGEMM (0.94-1.1x from 64 to 256
+// rows) on the same weights.
 //
 // Each output is one FMA chain over k in order (per 32 outputs at decode sizes), so its error is that of
 // a sequential FP32 sum; the tests check it against a float64 truth. The loops over rows and vectors are
@@ -57,8 +58,8 @@ inline void store_sums(float* y, int64_t columns, int v, __m256 sums) {
 
 // M rows of x (row stride ldx) against panel rows [0, depth) of V vectors (8 columns each) of a panel: the
 // whole panel (V = 4) or half of it (V = 2). The sums of the `columns` valid outputs are added to y (row
-// stride ldy), or written when `first`. Unless `fetch` is null, panel row k / fetch_every of `fetch` is
-// prefetched into L2 at every k that fetch_every divides.
+// stride ldy), or written when `first`. Unless `fetch` is null, the rows of the panel at `fetch` are
+// prefetched into L2 in order, one every `fetch_every` k (a countdown: no division in the loop).
 template <int M, int V>
 void panel_rows(const float* x, int64_t ldx, const float* panel, int64_t depth, float* y, int64_t ldy,
                 int64_t columns, bool first, const float* fetch, int64_t fetch_every) {
@@ -67,11 +68,13 @@ void panel_rows(const float* x, int64_t ldx, const float* panel, int64_t depth, 
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) sum[m][v] = load_sums(y + m * ldy, columns, v, first);
+  int64_t fetch_in = 0;
   for (int64_t k = 0; k < depth; ++k) {
-    if (fetch != nullptr && k % fetch_every == 0) {
-      const char* row = reinterpret_cast<const char*>(fetch + k / fetch_every * kPanel);
-      _mm_prefetch(row, _MM_HINT_T1);
-      _mm_prefetch(row + 64, _MM_HINT_T1);
+    if (fetch != nullptr && fetch_in-- == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(fetch), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(fetch) + 64, _MM_HINT_T1);
+      fetch += kPanel;
+      fetch_in = fetch_every - 1;
     }
     __m256 w[V];
 #pragma GCC unroll 4
